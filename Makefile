@@ -1,0 +1,38 @@
+# raydiff developer entry points. `make demo` and `make test` each set the machine up first
+# (virtualenv, pinned packages, dataset) through scripts/setup.sh.
+.PHONY: setup demo test test-unit test-integration test-slow lint format bench constraints
+
+
+setup:
+	@scripts/setup.sh >/dev/null
+
+demo:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" jobs/train.py $(ARGS)
+
+test:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m ruff check . && "$$py" -m pytest $(PYTEST_ARGS)
+
+test-unit:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m unit $(PYTEST_ARGS)
+
+test-integration:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m integration $(PYTEST_ARGS)
+
+test-slow:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m slow $(PYTEST_ARGS)
+
+lint:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m ruff check . && "$$py" -m ruff format --check .
+
+format:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m ruff format . && "$$py" -m ruff check --fix .
+
+bench:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" bench/core_step.py
+
+constraints:
+	@py="$$(scripts/setup.sh | tail -n 1)" && { \
+	  echo "# Exact versions used for development and CI (pip install -c constraints.txt ...)."; \
+	  echo "# pyproject.toml keeps loose lower bounds for users. Regenerate with: make constraints"; \
+	  "$$py" -m pip freeze --exclude-editable | sed -E 's/^torch==([0-9.]+)\+cpu$$/torch==\1/'; \
+	} > constraints.txt

@@ -1,0 +1,341 @@
+"""Typed, validated configuration with improved-diffusion's flag names and defaults.
+
+Each section is a ``@dataclass(kw_only=True)`` that validates itself on construction and raises a
+``ValueError`` naming the field, the bad value and what would be valid. Sections nest into one
+experiment config, which round-trips through plain dicts (YAML / checkpoints) and accepts
+``section.field=value`` overrides, or the bare improved-diffusion flag name where it is unique.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+NoiseSchedule = Literal["linear", "cosine"]
+
+# improved-diffusion's / guided-diffusion's image_size -> channel_mult table.
+CHANNEL_MULT_BY_IMAGE_SIZE: dict[int, tuple[float, ...]] = {
+    32: (1, 2, 2, 2),
+    64: (1, 2, 3, 4),
+    128: (1, 1, 2, 3, 4),
+    256: (1, 1, 2, 2, 4, 4),
+    512: (0.5, 1, 1, 2, 2, 4, 4),
+}
+
+GROUPNORM_GROUPS = 32
+
+
+def _fail(section: str, name: str, value: Any, valid: str) -> ValueError:
+    return ValueError(f"{section}.{name}={value!r} is invalid: {valid}")
+
+
+def parse_int_list(text: str, *, section: str, name: str) -> tuple[int, ...]:
+    """Parse ``"16,8"`` into ``(16, 8)``; an empty string gives ``()``."""
+    if text.strip() == "":
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise _fail(section, name, text, "expected comma-separated integers like '16,8'") from None
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The UNet (improved-/guided-diffusion's model flags)."""
+
+    image_size: int = 64
+    """Side of the square images in pixels."""
+    in_channels: int = 3
+    """Image channels: 3 for RGB, 1 for greyscale."""
+    num_channels: int = 128
+    """Base channel count of the UNet (model_channels); multiplied by channel_mult per level."""
+    num_res_blocks: int = 2
+    """Residual blocks per resolution level."""
+    channel_mult: str = ""
+    """Comma-separated multipliers per level, e.g. '1,2,2,2'; '' takes the image_size table."""
+    attention_resolutions: str = "16,8"
+    """Comma-separated resolutions (in pixels) at which self-attention is applied."""
+    num_heads: int = 4
+    """Attention heads (ignored where num_head_channels is set)."""
+    num_head_channels: int = -1
+    """Channels per attention head; -1 uses num_heads instead."""
+    num_heads_upsample: int = -1
+    """Heads in the decoder's attention; -1 means num_heads."""
+    dropout: float = 0.0
+    """Dropout probability inside the residual blocks."""
+    class_cond: bool = False
+    """Condition on class labels (y)."""
+    num_classes: int = 1000
+    """Number of classes when class_cond is set."""
+    use_checkpoint: bool = False
+    """Gradient checkpointing: less memory, about 30% more compute."""
+    use_scale_shift_norm: bool = True
+    """FiLM-like conditioning of the normalisation on the timestep embedding."""
+    resblock_updown: bool = False
+    """Use residual blocks for up/down-sampling (guided-diffusion / BigGAN style)."""
+    use_fp16: bool = False
+    """Store the UNet body in float16 (guided-diffusion's use_fp16)."""
+    use_new_attention_order: bool = False
+    """guided-diffusion's split-then-reshape QKV layout."""
+
+    def __post_init__(self) -> None:
+        s = "model"
+        if self.image_size < 1:
+            raise _fail(s, "image_size", self.image_size, "must be a positive integer")
+        if self.in_channels < 1:
+            raise _fail(s, "in_channels", self.in_channels, "must be >= 1 (1 grey, 3 RGB)")
+        if self.num_channels < 1:
+            raise _fail(s, "num_channels", self.num_channels, "must be a positive integer")
+        if self.num_res_blocks < 1:
+            raise _fail(s, "num_res_blocks", self.num_res_blocks, "must be >= 1")
+        if not 0.0 <= self.dropout < 1.0:
+            raise _fail(s, "dropout", self.dropout, "must lie in [0, 1)")
+        if self.class_cond and self.num_classes < 1:
+            raise _fail(s, "num_classes", self.num_classes, "must be >= 1 with class_cond")
+        if self.num_heads < 1 and self.num_head_channels == -1:
+            raise _fail(s, "num_heads", self.num_heads, "must be >= 1 (or set num_head_channels)")
+        mult = self.channel_mult_tuple()
+        for m in mult:
+            channels = int(self.num_channels * m)
+            if channels < 1 or channels % GROUPNORM_GROUPS:
+                raise _fail(
+                    s,
+                    "num_channels",
+                    self.num_channels,
+                    f"num_channels x channel_mult gives {channels} channels at one level, but "
+                    f"GroupNorm needs every level's channels divisible by {GROUPNORM_GROUPS}",
+                )
+            if self.num_head_channels != -1 and channels % self.num_head_channels:
+                raise _fail(
+                    s,
+                    "num_head_channels",
+                    self.num_head_channels,
+                    f"must divide every level's channel count ({channels} here)",
+                )
+        resolutions = [self.image_size // 2**level for level in range(len(mult))]
+        for res in self.attention_resolution_tuple():
+            if res not in resolutions:
+                raise _fail(
+                    s,
+                    "attention_resolutions",
+                    self.attention_resolutions,
+                    f"{res} is not a resolution of this UNet; valid: {resolutions}",
+                )
+        if self.image_size % 2 ** (len(mult) - 1):
+            raise _fail(
+                s,
+                "image_size",
+                self.image_size,
+                f"must be divisible by 2^{len(mult) - 1} to downsample {len(mult) - 1} times",
+            )
+
+    def channel_mult_tuple(self) -> tuple[float, ...]:
+        """The explicit channel_mult, or the image_size table's entry."""
+        if self.channel_mult.strip():
+            try:
+                mult = tuple(float(m) for m in self.channel_mult.split(","))
+            except ValueError:
+                raise _fail(
+                    "model", "channel_mult", self.channel_mult, "expected numbers like '1,2,2,2'"
+                ) from None
+            if any(m <= 0 for m in mult):
+                raise _fail("model", "channel_mult", self.channel_mult, "multipliers must be > 0")
+            return tuple(int(m) if m == int(m) else m for m in mult)
+        if self.image_size not in CHANNEL_MULT_BY_IMAGE_SIZE:
+            sizes = ", ".join(str(k) for k in CHANNEL_MULT_BY_IMAGE_SIZE)
+            raise _fail(
+                "model",
+                "channel_mult",
+                self.channel_mult,
+                f"no default for image_size {self.image_size} (the table has {sizes}); "
+                "set channel_mult explicitly, e.g. '1,2,2'",
+            )
+        return CHANNEL_MULT_BY_IMAGE_SIZE[self.image_size]
+
+    def attention_resolution_tuple(self) -> tuple[int, ...]:
+        """attention_resolutions as integers (pixels)."""
+        return parse_int_list(
+            self.attention_resolutions, section="model", name="attention_resolutions"
+        )
+
+    def attention_downsample_rates(self) -> tuple[int, ...]:
+        """Attention resolutions as the UNet's downsample rates (image_size // resolution)."""
+        return tuple(self.image_size // res for res in self.attention_resolution_tuple())
+
+
+@dataclass(kw_only=True)
+class DiffusionConfig:
+    """The diffusion process and objective (improved-diffusion's diffusion flags and defaults)."""
+
+    diffusion_steps: int = 1000
+    """T, the number of diffusion steps the model is trained with."""
+    noise_schedule: NoiseSchedule = "linear"
+    """Beta schedule: 'linear' (DDPM) or 'cosine' (IDDPM eq. 17)."""
+    timestep_respacing: str = ""
+    """Steps to sample with: '' (all), a count '250', sections '10,15,20' or 'ddimN'."""
+    learn_sigma: bool = False
+    """Learn the variance (LEARNED_RANGE, IDDPM eq. 15); the model outputs 2x channels."""
+    sigma_small: bool = False
+    """With a fixed variance, use beta~_t (FIXED_SMALL) instead of beta_t (FIXED_LARGE)."""
+    use_kl: bool = False
+    """Train on the variational bound L_vlb (RESCALED_KL) instead of the MSE."""
+    predict_xstart: bool = False
+    """Predict x_0 instead of epsilon."""
+    rescale_timesteps: bool = True
+    """Feed the model t scaled to [0, 1000) whatever T is (improved-diffusion's default)."""
+    rescale_learned_sigmas: bool = True
+    """With learn_sigma, weight the VB term by T/1000: L_hybrid (RESCALED_MSE)."""
+
+    def __post_init__(self) -> None:
+        s = "diffusion"
+        if self.diffusion_steps < 1:
+            raise _fail(s, "diffusion_steps", self.diffusion_steps, "must be a positive integer")
+        valid = get_args(NoiseSchedule)
+        if self.noise_schedule not in valid:
+            raise _fail(s, "noise_schedule", self.noise_schedule, f"valid: {', '.join(valid)}")
+        if self.noise_schedule == "linear" and self.diffusion_steps <= 20:
+            # The linear schedule ends at beta_T = 20 / T, which reaches 1 (abar_T = 0) at T = 20.
+            raise _fail(
+                s,
+                "diffusion_steps",
+                self.diffusion_steps,
+                "the linear schedule needs > 20 steps; use 'cosine' for fewer",
+            )
+        if self.timestep_respacing:
+            from raydiff.core.respace import space_timesteps  # pure torch/NumPy, no cycle at import
+
+            try:
+                space_timesteps(self.diffusion_steps, self.timestep_respacing)
+            except ValueError as err:
+                raise _fail(s, "timestep_respacing", self.timestep_respacing, str(err)) from None
+
+
+@dataclass(kw_only=True)
+class ExperimentConfig:
+    """Everything that defines a model and its diffusion; later issues add data, optim, train."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The UNet."""
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    """The diffusion process and loss."""
+
+
+# ---------------------------------------------------------------------- dict round trip
+
+ConfigT = TypeVar("ConfigT")
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A nested plain dict of a config dataclass (for YAML and checkpoints)."""
+    return dataclasses.asdict(config)
+
+
+def from_dict(cls: type[ConfigT], data: Mapping[str, Any]) -> ConfigT:
+    """Build ``cls`` from a nested dict, refusing unknown keys with the list of valid ones."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{cls.__name__} expects a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"unknown {cls.__name__} field(s) {unknown}; valid fields: {', '.join(fields)}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = from_dict(hint, value)
+        else:
+            kwargs[name] = _coerce(value, hint, where=f"{cls.__name__}.{name}")
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, *, where: str) -> Any:
+    """Convert strings from the command line (and ints for floats) to the field's type."""
+    origin = get_origin(hint)
+    if origin is Literal:
+        if value not in get_args(hint):
+            raise ValueError(
+                f"{where}={value!r} is invalid; valid: {', '.join(map(str, get_args(hint)))}"
+            )
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(hint) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return _coerce(value, args[0], where=where)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no"):
+            return False
+        raise ValueError(f"{where}={value!r} is invalid; expected True or False")
+    if hint is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(f"{where}={value!r} is invalid; expected an integer")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}={value!r} is invalid; expected an integer") from None
+    if hint is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}={value!r} is invalid; expected a number") from None
+    if hint is str:
+        return str(value)
+    return value
+
+
+def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
+    """Apply ``section.field=value`` (or a unique bare ``field=value``) overrides.
+
+    Returns a new, re-validated config; the input is not modified.
+    """
+    data = to_dict(config)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} must look like section.field=value")
+        path = _resolve_key(type(config), key.strip())
+        target = data
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value.strip()
+    return from_dict(type(config), data)
+
+
+def _resolve_key(cls: type, key: str) -> list[str]:
+    hints = typing.get_type_hints(cls)
+    sections = {n: h for n, h in hints.items() if dataclasses.is_dataclass(h)}
+    if "." in key:
+        section, _, name = key.partition(".")
+        if section not in sections:
+            raise ValueError(f"unknown config section {section!r}; valid: {', '.join(sections)}")
+        names = [f.name for f in dataclasses.fields(sections[section])]
+        if name not in names:
+            raise ValueError(f"unknown field {key!r}; valid {section} fields: {', '.join(names)}")
+        return [section, name]
+    owners = [s for s, h in sections.items() if key in {f.name for f in dataclasses.fields(h)}]
+    if len(owners) == 1:
+        return [owners[0], key]
+    if not owners:
+        raise ValueError(
+            f"unknown config field {key!r}; use section.field (sections: {', '.join(sections)})"
+        )
+    raise ValueError(f"field {key!r} exists in {owners}; say which with section.field")
+
+
+def config_from_flags(flags: Mapping[str, Any]) -> ExperimentConfig:
+    """Build a config from improved-diffusion style flat flags (e.g. a published model's flags).
+
+    ``{"image_size": 64, "num_channels": 128, "learn_sigma": True, "noise_schedule": "cosine"}``
+    """
+    return apply_overrides(ExperimentConfig(), [f"{k}={v}" for k, v in flags.items()])

@@ -1,0 +1,60 @@
+"""The diffusion core: pure PyTorch, no Ray, improved-diffusion's public names and signatures.
+
+Porting improved-/guided-diffusion code is a change of import::
+
+    from raydiff.core import GaussianDiffusion, SpacedDiffusion, space_timesteps, UNetModel
+"""
+
+from raydiff.core.factory import (
+    create_gaussian_diffusion,
+    create_model,
+    create_model_and_diffusion,
+)
+from raydiff.core.gaussian_diffusion import (
+    GaussianDiffusion,
+    LossType,
+    ModelMeanType,
+    ModelVarType,
+)
+from raydiff.core.losses import (
+    approx_standard_normal_cdf,
+    discretized_gaussian_log_likelihood,
+    mean_flat,
+    normal_kl,
+)
+from raydiff.core.respace import SpacedDiffusion, space_timesteps
+from raydiff.core.schedules import betas_for_alpha_bar, get_named_beta_schedule
+from raydiff.core.timestep_sampler import (
+    LossAwareSampler,
+    LossSecondMomentResampler,
+    LossSync,
+    ScheduleSampler,
+    TorchDistributedLossSync,
+    UniformSampler,
+    create_named_schedule_sampler,
+)
+
+__all__ = [
+    "GaussianDiffusion",
+    "LossAwareSampler",
+    "LossSecondMomentResampler",
+    "LossSync",
+    "LossType",
+    "ModelMeanType",
+    "ModelVarType",
+    "ScheduleSampler",
+    "SpacedDiffusion",
+    "TorchDistributedLossSync",
+    "UniformSampler",
+    "approx_standard_normal_cdf",
+    "betas_for_alpha_bar",
+    "create_gaussian_diffusion",
+    "create_model",
+    "create_model_and_diffusion",
+    "create_named_schedule_sampler",
+    "discretized_gaussian_log_likelihood",
+    "get_named_beta_schedule",
+    "mean_flat",
+    "normal_kl",
+    "space_timesteps",
+]

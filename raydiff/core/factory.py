@@ -1,0 +1,78 @@
+"""Build a model and its diffusion from the typed config (improved-diffusion's script_util)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from raydiff.config import DiffusionConfig, ModelConfig
+from raydiff.core.gaussian_diffusion import LossType, ModelMeanType, ModelVarType
+from raydiff.core.respace import SpacedDiffusion, space_timesteps
+from raydiff.core.schedules import get_named_beta_schedule
+
+
+class ModelAndDiffusionConfig(Protocol):
+    """Any config with ``model`` and ``diffusion`` sections (e.g. ``ExperimentConfig``)."""
+
+    model: ModelConfig
+    diffusion: DiffusionConfig
+
+
+def create_model(config: ModelConfig, *, learn_sigma: bool):
+    """The UNet described by ``config``; ``learn_sigma`` doubles its output channels."""
+    from raydiff.core.unet import UNetModel
+
+    return UNetModel(
+        image_size=config.image_size,
+        in_channels=config.in_channels,
+        model_channels=config.num_channels,
+        out_channels=config.in_channels * (2 if learn_sigma else 1),
+        num_res_blocks=config.num_res_blocks,
+        attention_resolutions=config.attention_downsample_rates(),
+        dropout=config.dropout,
+        channel_mult=config.channel_mult_tuple(),
+        num_classes=config.num_classes if config.class_cond else None,
+        use_checkpoint=config.use_checkpoint,
+        use_fp16=config.use_fp16,
+        num_heads=config.num_heads,
+        num_head_channels=config.num_head_channels,
+        num_heads_upsample=config.num_heads_upsample,
+        use_scale_shift_norm=config.use_scale_shift_norm,
+        resblock_updown=config.resblock_updown,
+        use_new_attention_order=config.use_new_attention_order,
+    )
+
+
+def create_gaussian_diffusion(config: DiffusionConfig) -> SpacedDiffusion:
+    """The (possibly respaced) diffusion described by ``config``.
+
+    Loss selection follows improved-diffusion: use_kl -> RESCALED_KL; else rescale_learned_sigmas
+    -> RESCALED_MSE (L_hybrid when learn_sigma); else MSE.
+    """
+    betas = get_named_beta_schedule(config.noise_schedule, config.diffusion_steps)
+    if config.use_kl:
+        loss_type = LossType.RESCALED_KL
+    elif config.rescale_learned_sigmas:
+        loss_type = LossType.RESCALED_MSE
+    else:
+        loss_type = LossType.MSE
+    if config.learn_sigma:
+        var_type = ModelVarType.LEARNED_RANGE
+    elif config.sigma_small:
+        var_type = ModelVarType.FIXED_SMALL
+    else:
+        var_type = ModelVarType.FIXED_LARGE
+    respacing = config.timestep_respacing or [config.diffusion_steps]
+    return SpacedDiffusion(
+        use_timesteps=space_timesteps(config.diffusion_steps, respacing),
+        betas=betas,
+        model_mean_type=ModelMeanType.START_X if config.predict_xstart else ModelMeanType.EPSILON,
+        model_var_type=var_type,
+        loss_type=loss_type,
+        rescale_timesteps=config.rescale_timesteps,
+    )
+
+
+def create_model_and_diffusion(config: ModelAndDiffusionConfig):
+    """``(UNetModel, SpacedDiffusion)`` for a config with ``model`` and ``diffusion`` sections."""
+    model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
+    return model, create_gaussian_diffusion(config.diffusion)

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Prepare a machine to run raydiff: a Python environment with the pinned packages, and the
+# embedded Fashion-MNIST dataset. Idempotent and quick on a second run.
+#
+#   scripts/setup.sh            # uses the active virtualenv, else creates ./.venv
+#   RAYDIFF_SKIP_DATASET=1 ...  # skip the dataset check
+#
+# Prints the path of the environment's python on its last line (the Makefile reads it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { echo "[raydiff setup] $*" >&2; }
+
+if [[ -n "${VIRTUAL_ENV:-}" ]]; then
+  py="$VIRTUAL_ENV/bin/python"
+  log "using the active virtual environment $VIRTUAL_ENV"
+else
+  if [[ ! -x .venv/bin/python ]]; then
+    log "creating a virtual environment in .venv"
+    python3 -m venv .venv
+  fi
+  py="$PWD/.venv/bin/python"
+fi
+
+# Re-install only when the dependency files change.
+stamp_dir=$("$py" -c 'import sys; print(sys.prefix)')
+stamp="$stamp_dir/.raydiff-setup-stamp"
+want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]] || ! "$py" -c 'import raydiff, torch, ray' 2>/dev/null; then
+  log "installing raydiff and its pinned dependencies (constraints.txt)"
+  "$py" -m pip install --quiet --upgrade pip
+  # torch first and on its own: the pin selects the CPU build where a local wheel or the PyTorch
+  # CPU index is configured; a bare 'torch' would pull several GB of CUDA packages.
+  "$py" -m pip install --quiet -c constraints.txt torch
+  "$py" -m pip install --quiet -c constraints.txt -e ".[dev]"
+  echo "$want" > "$stamp"
+else
+  log "dependencies up to date"
+fi
+
+dataset_dir=/usr/share/datasets/fashion-mnist
+if [[ -z "${RAYDIFF_SKIP_DATASET:-}" ]] && ! ls "$dataset_dir"/train-images-idx3-ubyte* >/dev/null 2>&1; then
+  if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null; then
+    log "installing the Fashion-MNIST dataset (Debian package dataset-fashion-mnist)"
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >&2
+  else
+    log "the embedded dataset is missing. Install it with:"
+    log "    sudo apt-get update && sudo apt-get install -y dataset-fashion-mnist"
+    log "(or set RAYDIFF_SKIP_DATASET=1 to go on without it)"
+    exit 1
+  fi
+fi
+echo "$py"

@@ -1,0 +1,97 @@
+"""Typed configs: defaults, validation messages, overrides, dict round trip."""
+
+import pytest
+
+from raydiff.config import (
+    DiffusionConfig,
+    ExperimentConfig,
+    ModelConfig,
+    apply_overrides,
+    config_from_flags,
+    from_dict,
+    to_dict,
+)
+
+
+def test_improved_diffusion_defaults():
+    m, d = ModelConfig(), DiffusionConfig()
+    assert (m.image_size, m.num_channels, m.num_res_blocks, m.num_heads) == (64, 128, 2, 4)
+    assert m.attention_resolutions == "16,8" and m.use_scale_shift_norm and m.dropout == 0.0
+    assert (d.diffusion_steps, d.noise_schedule, d.timestep_respacing) == (1000, "linear", "")
+    assert d.rescale_timesteps and d.rescale_learned_sigmas and not d.learn_sigma
+
+
+@pytest.mark.parametrize(
+    "size,mult",
+    [
+        (32, (1, 2, 2, 2)),
+        (64, (1, 2, 3, 4)),
+        (128, (1, 1, 2, 3, 4)),
+        (256, (1, 1, 2, 2, 4, 4)),
+        (512, (0.5, 1, 1, 2, 2, 4, 4)),
+    ],
+)
+def test_channel_mult_table(size, mult):
+    assert ModelConfig(image_size=size, attention_resolutions="").channel_mult_tuple() == mult
+
+
+def test_other_sizes_need_an_explicit_channel_mult():
+    with pytest.raises(ValueError, match=r"model.channel_mult.*image_size 28.*explicitly"):
+        ModelConfig(image_size=28, attention_resolutions="")
+    cfg = ModelConfig(image_size=28, channel_mult="1,2,2", attention_resolutions="7")
+    assert cfg.attention_downsample_rates() == (4,)
+
+
+def test_groupnorm_divisibility_is_explained():
+    with pytest.raises(ValueError, match="divisible by 32"):
+        ModelConfig(image_size=32, num_channels=48)
+
+
+def test_attention_resolution_must_exist():
+    with pytest.raises(ValueError, match=r"attention_resolutions.*valid: \[32, 16, 8, 4\]"):
+        ModelConfig(image_size=32, attention_resolutions="12")
+
+
+def test_diffusion_validation():
+    with pytest.raises(ValueError, match=r"noise_schedule.*linear, cosine"):
+        DiffusionConfig(noise_schedule="quadratic")
+    with pytest.raises(ValueError, match="timestep_respacing"):
+        DiffusionConfig(diffusion_steps=10, noise_schedule="cosine", timestep_respacing="ddim6")
+    with pytest.raises(ValueError, match="linear schedule needs > 20"):
+        DiffusionConfig(diffusion_steps=10)
+
+
+def test_overrides_section_and_bare_names():
+    cfg = apply_overrides(
+        ExperimentConfig(),
+        ["noise_schedule=cosine", "model.num_channels=64", "learn_sigma=True", "dropout=0.1"],
+    )
+    assert cfg.diffusion.noise_schedule == "cosine" and cfg.diffusion.learn_sigma is True
+    assert cfg.model.num_channels == 64 and cfg.model.dropout == 0.1
+    with pytest.raises(ValueError, match="unknown config field 'nosie_schedule'"):
+        apply_overrides(ExperimentConfig(), ["nosie_schedule=cosine"])
+    with pytest.raises(ValueError, match="expected True or False"):
+        apply_overrides(ExperimentConfig(), ["learn_sigma=maybe"])
+    with pytest.raises(ValueError, match="expected an integer"):
+        apply_overrides(ExperimentConfig(), ["num_channels=1.5"])
+
+
+def test_dict_round_trip_and_unknown_keys():
+    cfg = apply_overrides(ExperimentConfig(), ["image_size=32", "use_kl=True"])
+    assert from_dict(ExperimentConfig, to_dict(cfg)) == cfg
+    with pytest.raises(ValueError, match="unknown ModelConfig field"):
+        from_dict(ExperimentConfig, {"model": {"channels": 3}})
+
+
+def test_flags_of_a_published_model():
+    cfg = config_from_flags(
+        {
+            "image_size": 64,
+            "num_channels": 128,
+            "num_res_blocks": 3,
+            "learn_sigma": True,
+            "diffusion_steps": 4000,
+            "noise_schedule": "cosine",
+        }
+    )
+    assert cfg.model.num_res_blocks == 3 and cfg.diffusion.diffusion_steps == 4000

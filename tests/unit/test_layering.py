@@ -1,0 +1,13 @@
+"""Ray stays at the edge: the core imports no Ray."""
+
+import subprocess
+import sys
+
+
+def test_core_and_config_import_without_ray():
+    code = (
+        "import sys, raydiff.core, raydiff.config; "
+        "bad = [m for m in sys.modules if m == 'ray' or m.startswith('ray.')]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
