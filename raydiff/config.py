@@ -214,14 +214,150 @@ class DiffusionConfig:
                 raise _fail(s, "timestep_respacing", self.timestep_respacing, str(err)) from None
 
 
+Precision = Literal["fp32", "fp16", "bf16"]
+ScheduleSamplerName = Literal["uniform", "loss-second-moment"]
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """AdamW, learning-rate schedule and EMA (improved-diffusion's TrainLoop flags)."""
+
+    lr: float = 1e-4
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    lr_anneal_steps: int = 0
+    """Decay the lr linearly to 0 over this many steps (0: constant lr)."""
+    warmup_steps: int = 0
+    """Linear lr warm-up from 0 over this many steps."""
+    grad_clip: float = 0.0
+    """Clip the global gradient norm to this value (0: no clipping)."""
+    ema_rate: str = "0.9999"
+    """Comma-separated EMA decay rates, e.g. '0.9999,0.999'."""
+    adam_betas: str = "0.9,0.999"
+    """AdamW betas."""
+
+    def __post_init__(self) -> None:
+        s = "optim"
+        if not self.lr > 0:
+            raise _fail(s, "lr", self.lr, "must be > 0")
+        if self.weight_decay < 0:
+            raise _fail(s, "weight_decay", self.weight_decay, "must be >= 0")
+        for name in ("lr_anneal_steps", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise _fail(s, name, getattr(self, name), "must be >= 0")
+        if self.grad_clip < 0:
+            raise _fail(s, "grad_clip", self.grad_clip, "must be >= 0 (0 turns clipping off)")
+        self.ema_rates()
+        betas = self.adam_beta_tuple()
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise _fail(s, "adam_betas", self.adam_betas, "expected two numbers in [0, 1)")
+
+    def ema_rates(self) -> tuple[float, ...]:
+        """The EMA decay rates as floats."""
+        if not self.ema_rate.strip():
+            return ()
+        try:
+            rates = tuple(float(r) for r in self.ema_rate.split(","))
+        except ValueError:
+            raise _fail(
+                "optim", "ema_rate", self.ema_rate, "expected numbers like '0.9999,0.999'"
+            ) from None
+        if not all(0 < r < 1 for r in rates):
+            raise _fail("optim", "ema_rate", self.ema_rate, "every rate must lie in (0, 1)")
+        return rates
+
+    def adam_beta_tuple(self) -> tuple[float, ...]:
+        """The AdamW betas as floats."""
+        try:
+            return tuple(float(b) for b in self.adam_betas.split(","))
+        except ValueError:
+            raise _fail("optim", "adam_betas", self.adam_betas, "expected '0.9,0.999'") from None
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """The training run: batch, precision, length, intervals."""
+
+    batch_size: int = 64
+    """Global batch size (over all workers); per-worker batches are derived from it."""
+    microbatch: int = -1
+    """Per-worker microbatch for gradient accumulation (-1: no accumulation)."""
+    precision: Precision = "fp32"
+    """fp32, bf16 (autocast) or fp16 (autocast + dynamic loss scaling)."""
+    schedule_sampler: ScheduleSamplerName = "uniform"
+    """Timestep sampler: 'uniform' or 'loss-second-moment' (IDDPM section 3.3)."""
+    max_steps: int = 1000
+    """Stop after this many optimiser steps."""
+    log_interval: int = 10
+    """Steps between metric reports."""
+    save_interval: int = 10000
+    """Steps between checkpoints."""
+    sample_interval: int = 0
+    """Steps between EMA sample grids (0: only at the end)."""
+    seed: int = 0
+    """Seed of every random number generator."""
+    max_consecutive_skipped: int = 50
+    """Stop when this many steps in a row had non-finite gradients."""
+    initial_loss_scale: float = 2.0**16
+    """fp16: the dynamic loss scale to start from (halved on overflow, doubled every 2000 good steps)."""
+    min_loss_scale: float = 1.0
+    """fp16: stop when the dynamic loss scale falls below this."""
+
+    def __post_init__(self) -> None:
+        s = "train"
+        if self.batch_size < 1:
+            raise _fail(s, "batch_size", self.batch_size, "must be >= 1")
+        if self.microbatch == 0 or self.microbatch < -1:
+            raise _fail(s, "microbatch", self.microbatch, "must be -1 (off) or >= 1")
+        for name, valid in (("precision", Precision), ("schedule_sampler", ScheduleSamplerName)):
+            if getattr(self, name) not in get_args(valid):
+                raise _fail(s, name, getattr(self, name), f"valid: {', '.join(get_args(valid))}")
+        for name in ("max_steps", "log_interval", "save_interval"):
+            if getattr(self, name) < 1:
+                raise _fail(s, name, getattr(self, name), "must be >= 1")
+        if self.sample_interval < 0:
+            raise _fail(s, "sample_interval", self.sample_interval, "must be >= 0")
+        if self.max_consecutive_skipped < 1:
+            raise _fail(s, "max_consecutive_skipped", self.max_consecutive_skipped, "must be >= 1")
+        if not self.initial_loss_scale > 0:
+            raise _fail(s, "initial_loss_scale", self.initial_loss_scale, "must be > 0")
+        if not self.min_loss_scale > 0:
+            raise _fail(s, "min_loss_scale", self.min_loss_scale, "must be > 0")
+
+    def per_worker_batch(self, num_workers: int) -> int:
+        """Batch per worker; the global batch must split evenly into workers x microbatches."""
+        if self.batch_size % num_workers:
+            raise _fail(
+                "train",
+                "batch_size",
+                self.batch_size,
+                f"must be divisible by the number of workers ({num_workers})",
+            )
+        local = self.batch_size // num_workers
+        if self.microbatch > 0 and local % self.microbatch:
+            raise _fail(
+                "train",
+                "batch_size",
+                self.batch_size,
+                f"per-worker batch {local} (batch_size / {num_workers} workers) must be divisible "
+                f"by microbatch={self.microbatch}",
+            )
+        return local
+
+
 @dataclass(kw_only=True)
 class ExperimentConfig:
-    """Everything that defines a model and its diffusion; later issues add data, optim, train."""
+    """Everything that defines a run: model, diffusion, optimiser and training loop."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The UNet."""
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     """The diffusion process and loss."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimiser, lr schedule and EMA."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Batch, precision, length and intervals."""
 
 
 # ---------------------------------------------------------------------- dict round trip
@@ -339,3 +475,19 @@ def config_from_flags(flags: Mapping[str, Any]) -> ExperimentConfig:
     ``{"image_size": 64, "num_channels": 128, "learn_sigma": True, "noise_schedule": "cosine"}``
     """
     return apply_overrides(ExperimentConfig(), [f"{k}={v}" for k, v in flags.items()])
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """An ``ExperimentConfig`` from a YAML file (or the defaults) plus ``--set`` overrides."""
+    import yaml
+
+    data: dict[str, Any] = {}
+    if path is not None:
+        from pathlib import Path
+
+        file = Path(path)
+        if not file.is_file():
+            raise FileNotFoundError(f"config file {path!r} does not exist")
+        data = yaml.safe_load(file.read_text()) or {}
+    config = from_dict(ExperimentConfig, data)
+    return apply_overrides(config, overrides or [])

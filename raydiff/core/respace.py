@@ -83,7 +83,8 @@ class SpacedDiffusion(GaussianDiffusion):
 
     def __init__(self, use_timesteps: Iterable[int], **kwargs: Any) -> None:
         self.use_timesteps = set(use_timesteps)
-        self.original_num_steps = len(kwargs["betas"])
+        self.original_betas = np.array(kwargs["betas"], dtype=np.float64)
+        self.original_num_steps = len(self.original_betas)
         bad = [t for t in self.use_timesteps if not 0 <= t < self.original_num_steps]
         if bad or not self.use_timesteps:
             raise ValueError(

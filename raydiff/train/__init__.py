@@ -1,0 +1,1 @@
+"""Per-worker training logic (no Ray): the training step, precision, EMA, checkpoints."""

@@ -1,0 +1,98 @@
+"""Complete training checkpoints, one directory each, written atomically.
+
+Layout of ``checkpoint_000500/``::
+
+    model.pt              model state dict (loads into UNetModel; improved-diffusion compatible)
+    ema_0.9999.pt         one model-format state dict per EMA rate
+    trainer.pt            optimiser, grad scaler, timestep sampler (incl. loss history), step,
+                          skipped steps, data position, RNG states
+    config.json           the full resolved config
+
+Everything is written into a temporary sibling directory and renamed into place, so a crash never
+leaves a half-written checkpoint that a resume could pick up. Files are loaded with
+``torch.load(weights_only=True)``: no pickled code runs on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d+)$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"checkpoint_{step:06d}"
+
+
+def write_checkpoint_files(
+    directory: Path,
+    *,
+    model_state: dict[str, torch.Tensor],
+    ema_states: dict[float, dict[str, torch.Tensor]],
+    trainer_state: dict[str, Any],
+    config: dict[str, Any],
+) -> None:
+    """Write the checkpoint files into an existing (empty) ``directory``."""
+    torch.save(model_state, directory / "model.pt")
+    for rate, state in ema_states.items():
+        torch.save(state, directory / f"ema_{rate}.pt")
+    torch.save(trainer_state, directory / "trainer.pt")
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def save_checkpoint(root: Path, step: int, **files: Any) -> Path:
+    """Atomically create ``root/checkpoint_{step}`` holding ``files`` (see write_checkpoint_files)."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / checkpoint_name(step)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
+    try:
+        write_checkpoint_files(tmp, **files)
+        for f in tmp.iterdir():  # make the bytes durable before the rename publishes them
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def load_checkpoint(directory: Path) -> dict[str, Any]:
+    """Read a checkpoint directory: ``model``, ``ema`` {rate: state}, ``trainer``, ``config``."""
+    directory = Path(directory)
+    if not (directory / "model.pt").is_file() or not (directory / "trainer.pt").is_file():
+        raise FileNotFoundError(
+            f"{directory} is not a raydiff checkpoint (needs model.pt and trainer.pt); "
+            "give a checkpoint_NNNNNN directory"
+        )
+    ema = {}
+    for f in sorted(directory.glob("ema_*.pt")):
+        ema[float(f.stem.removeprefix("ema_"))] = torch.load(
+            f, map_location="cpu", weights_only=True
+        )
+    return {
+        "model": torch.load(directory / "model.pt", map_location="cpu", weights_only=True),
+        "ema": ema,
+        "trainer": torch.load(directory / "trainer.pt", map_location="cpu", weights_only=True),
+        "config": json.loads((directory / "config.json").read_text()),
+    }
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The completed checkpoint with the highest step under ``root`` (temporaries ignored)."""
+    if not root.is_dir():
+        return None
+    found = [
+        (int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_PATTERN.match(p.name))
+    ]
+    return max(found)[1] if found else None

@@ -1,0 +1,244 @@
+"""A single-process training run: the per-worker logic driven by a plain loop.
+
+This is what ``raydiff train`` runs until the Ray Train layer lands, and the baseline that the
+Ray overhead benchmark compares against. Output layout under ``output_dir``::
+
+    checkpoints/checkpoint_NNNNNN/   complete checkpoints (see raydiff.train.checkpoint)
+    samples/samples_NNNNNN.png       EMA sample grids (DDIM)
+    tensorboard/                     TensorBoard event files (all scalars, sample grids)
+    config.json                      the resolved config
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from raydiff.config import ExperimentConfig, to_dict
+from raydiff.core.factory import create_gaussian_diffusion, create_model
+from raydiff.core.respace import SpacedDiffusion, space_timesteps
+from raydiff.core.timestep_sampler import create_named_schedule_sampler
+from raydiff.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from raydiff.train.sample_grid import save_grid
+from raydiff.train.trainer import MetricAccumulator, Trainer, format_eta, now
+
+logger = logging.getLogger(__name__)
+
+Batches = Iterator[tuple[int, torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def sampling_diffusion(base: SpacedDiffusion, *, steps: int) -> SpacedDiffusion:
+    """A DDIM-spaced copy of the training diffusion for quick preview samples."""
+    total = base.original_num_steps
+    steps = min(steps, total)
+    try:
+        use = space_timesteps(total, f"ddim{steps}")
+    except ValueError:
+        use = space_timesteps(total, str(steps))
+    kept = sorted(base.use_timesteps)
+    if len(kept) != total:  # already respaced: sample on its own steps
+        use = set(kept)
+    return SpacedDiffusion(
+        use_timesteps=use,
+        betas=base.original_betas,
+        model_mean_type=base.model_mean_type,
+        model_var_type=base.model_var_type,
+        loss_type=base.loss_type,
+        rescale_timesteps=base.rescale_timesteps,
+    )
+
+
+@torch.no_grad()
+def ema_samples(
+    *,
+    model: torch.nn.Module,
+    ema_state: dict[str, torch.Tensor],
+    diffusion: SpacedDiffusion,
+    num_samples: int,
+    image_shape: tuple[int, int, int],
+    seed: int,
+    num_classes: int | None,
+) -> torch.Tensor:
+    """DDIM samples from the EMA weights, with a fixed seed so grids are comparable over time."""
+    current = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    was_training = model.training
+    model.load_state_dict(ema_state)
+    model.eval()
+    try:
+        g = torch.Generator().manual_seed(seed)
+        kwargs = {}
+        if num_classes:
+            kwargs["y"] = torch.arange(num_samples) % num_classes
+        device = next(model.parameters()).device
+        return diffusion.ddim_sample_loop(
+            model,
+            (num_samples, *image_shape),
+            model_kwargs={k: v.to(device) for k, v in kwargs.items()},
+            generator=g,
+            device=device,
+        )
+    finally:
+        model.load_state_dict(current)
+        model.train(was_training)
+
+
+def run_training(
+    config: ExperimentConfig,
+    *,
+    batches: Batches,
+    output_dir: Path,
+    resume: Path | None = None,
+    device: torch.device | None = None,
+    num_preview_samples: int = 64,
+    preview_steps: int = 50,
+) -> dict[str, Any]:
+    """Train in this process until ``config.train.max_steps``; returns the final metrics.
+
+    Resumes from ``resume`` or else from the newest checkpoint under ``output_dir``.
+    """
+    device = device or torch.device("cpu")
+    output_dir = output_dir.resolve()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+    seed_everything(config.train.seed)
+
+    model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma).to(device)
+    diffusion = create_gaussian_diffusion(config.diffusion)
+    preview = sampling_diffusion(diffusion, steps=preview_steps)
+    sampler = create_named_schedule_sampler(
+        config.train.schedule_sampler, diffusion, seed=config.train.seed
+    )
+    trainer = Trainer(
+        model=model,
+        diffusion=diffusion,
+        sampler=sampler,
+        optim=config.optim,
+        train=config.train,
+        local_batch_size=config.train.per_worker_batch(1),
+        device=device,
+    )
+    logger.info(
+        "model: %.2fM parameters; diffusion: T=%d %s, %s, %s",
+        sum(p.numel() for p in model.parameters()) / 1e6,
+        diffusion.original_num_steps,
+        config.diffusion.noise_schedule,
+        diffusion.model_mean_type.name,
+        diffusion.loss_type.name,
+    )
+
+    ckpt_root = output_dir / "checkpoints"
+    resume = resume or latest_checkpoint(ckpt_root)
+    if resume is not None:
+        state = load_checkpoint(resume)
+        model.load_state_dict(state["model"])
+        for rate in trainer.ema.rates:
+            if rate in state["ema"]:
+                trainer.ema.load_state_dict_for(rate, state["ema"][rate])
+        trainer.load_state_dict(state["trainer"])
+        torch.set_rng_state(state["trainer"]["torch_rng"])
+        logger.info("resumed from %s at step %d", resume, trainer.step)
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(output_dir / "tensorboard"))
+    metrics = MetricAccumulator(num_timesteps=diffusion.num_timesteps)
+    image_shape = (config.model.in_channels, config.model.image_size, config.model.image_size)
+    num_classes = config.model.num_classes if config.model.class_cond else None
+    epoch = 0
+    last_report: dict[str, Any] = {}
+    window_start, window_steps, data_wait = now(), 0, 0.0
+    run_start, start_step = now(), trainer.step
+
+    def checkpoint() -> Path:
+        trainer_state = trainer.state_dict()
+        trainer_state["epoch"] = epoch
+        trainer_state["torch_rng"] = torch.get_rng_state()
+        return save_checkpoint(
+            ckpt_root,
+            trainer.step,
+            model_state=model.state_dict(),
+            ema_states={r: trainer.ema.state_dict_for(r, model) for r in trainer.ema.rates},
+            trainer_state=trainer_state,
+            config=to_dict(config),
+        )
+
+    def sample_grid() -> Path:
+        rate = trainer.ema.rates[0] if trainer.ema.rates else None
+        weights = trainer.ema.state_dict_for(rate, model) if rate else model.state_dict()
+        images = ema_samples(
+            model=model,
+            ema_state=weights,
+            diffusion=preview,
+            num_samples=num_preview_samples,
+            image_shape=image_shape,
+            seed=config.train.seed,
+            num_classes=num_classes,
+        )
+        path = save_grid(images, output_dir / "samples" / f"samples_{trainer.step:06d}.png")
+        writer.add_images("samples/ema", (images.clamp(-1, 1) + 1) / 2, trainer.step)
+        logger.info("wrote sample grid %s", path)
+        return path
+
+    model.train()
+    while trainer.step < config.train.max_steps:
+        wait_start = now()
+        epoch, x, cond = next(batches)
+        data_wait += now() - wait_start
+        result = trainer.train_step(x, cond)
+        metrics.add_step(result)
+        window_steps += 1
+        step = trainer.step
+        writer.add_scalar("train/loss", float(result.losses["loss"].mean()), step)
+        if step % config.train.log_interval == 0 or step == config.train.max_steps:
+            elapsed = now() - window_start
+            report = metrics.flush()
+            report.update(
+                step=step,
+                epoch=epoch,
+                lr=result.lr,
+                loss_scale=result.loss_scale,
+                skipped_steps=trainer.skipped_steps,
+                step_time=elapsed / window_steps,
+                images_per_s=window_steps * config.train.batch_size / elapsed,
+                data_wait_fraction=data_wait / elapsed,
+            )
+            for key, value in report.items():
+                if key not in ("step",):
+                    writer.add_scalar(f"train/{key}", value, step)
+            done = step - start_step
+            eta = (now() - run_start) / max(done, 1) * (config.train.max_steps - step)
+            logger.info(
+                "step %d/%d  loss %.4f  mse %.4f  %.0f img/s  lr %.2e  eta %s",
+                step,
+                config.train.max_steps,
+                report.get("loss", float("nan")),
+                report.get("mse", float("nan")),
+                report["images_per_s"],
+                result.lr,
+                format_eta(eta),
+            )
+            last_report = report
+            window_start, window_steps, data_wait = now(), 0, 0.0
+        if step % config.train.save_interval == 0 and step < config.train.max_steps:
+            logger.info("saved %s", checkpoint())
+        if config.train.sample_interval and step % config.train.sample_interval == 0:
+            sample_grid()
+
+    final = checkpoint()
+    logger.info("saved %s", final)
+    grid = sample_grid()
+    writer.close()
+    return {**last_report, "checkpoint": str(final), "samples": str(grid)}

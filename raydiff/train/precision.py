@@ -1,0 +1,74 @@
+"""Mixed precision: autocast for the forward pass and dynamic loss scaling for fp16.
+
+fp32 runs as is; bf16 autocasts (its range matches fp32, so no loss scaling); fp16 autocasts and
+uses ``torch.amp.GradScaler``, which works on CPU as well as CUDA. Model weights, optimiser state
+and EMA weights stay in fp32 in every mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class PrecisionPolicy:
+    """Autocast context and gradient scaling for one precision mode on one device."""
+
+    def __init__(
+        self, precision: str, *, device: torch.device, init_scale: float = 2.0**16
+    ) -> None:
+        if precision not in _DTYPES:
+            raise ValueError(f"precision {precision!r} is invalid; valid: {', '.join(_DTYPES)}")
+        self.precision = precision
+        self.device = device
+        self.dtype = _DTYPES[precision]
+        self.scaler = (
+            torch.amp.GradScaler(device.type, init_scale=init_scale)
+            if precision == "fp16"
+            else None
+        )
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The context for the forward pass and the loss."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call ``backward`` on."""
+        return self.scaler.scale(loss) if self.scaler is not None else loss
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Bring gradients back to their true scale (before clipping or measuring them)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer, *, grads_finite: bool) -> bool:
+        """Step the optimiser if the gradients are finite; returns whether it stepped.
+
+        With fp16 the scaler also halves its scale on a skipped step and grows it after
+        ``growth_interval`` good ones.
+        """
+        if self.scaler is not None:
+            self.scaler.step(optimizer)  # skips internally when it found inf/nan
+            self.scaler.update()
+            return grads_finite
+        if grads_finite:
+            optimizer.step()
+        return grads_finite
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 without scaling)."""
+        return float(self.scaler.get_scale()) if self.scaler is not None else 1.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict() if self.scaler is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])

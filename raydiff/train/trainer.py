@@ -1,0 +1,306 @@
+"""The per-worker training step: microbatching, mixed precision, importance weights, EMA.
+
+No Ray here. The orchestration layer hands a ``Trainer`` its (optionally DDP-wrapped) model, a
+batch iterator and a loss sync for the timestep sampler; a plain loop drives it in a single
+process (see ``raydiff.train.loop``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from raydiff.config import OptimConfig, TrainConfig
+from raydiff.core.gaussian_diffusion import GaussianDiffusion
+from raydiff.core.timestep_sampler import LossAwareSampler, LossSync, ScheduleSampler
+from raydiff.train.ema import EMA
+from raydiff.train.precision import PrecisionPolicy
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingCollapsedError(RuntimeError):
+    """Training cannot make progress (every step skipped, or the fp16 loss scale collapsed)."""
+
+
+@dataclass
+class StepResult:
+    """What one optimiser step did. Tensors stay on the device until someone logs them."""
+
+    stepped: bool
+    losses: dict[str, torch.Tensor]  # per-sample terms over the local batch, detached
+    timesteps: torch.Tensor
+    grad_norm: torch.Tensor
+    lr: float
+    loss_scale: float
+
+
+@dataclass
+class MetricAccumulator:
+    """Running sums of the step metrics between two reports (no host sync per step)."""
+
+    num_timesteps: int
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, value: float, count: int = 1) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + value
+        self.counts[name] = self.counts.get(name, 0) + count
+
+    def add_step(self, result: StepResult) -> None:
+        # improved-diffusion's log_loss_dict: each term's mean, and per quartile of t.
+        quartile = (4 * result.timesteps // self.num_timesteps).clamp(max=3)
+        for key, values in result.losses.items():
+            values = values.float()
+            self.add(key, float(values.sum()), values.numel())
+            for q in range(4):
+                mask = quartile == q
+                n = int(mask.sum())
+                if n:
+                    self.add(f"{key}_q{q}", float(values[mask].sum()), n)
+        if result.stepped:
+            self.add("grad_norm", float(result.grad_norm))
+
+    def flush(self) -> dict[str, float]:
+        out = {k: self.sums[k] / max(self.counts[k], 1) for k in self.sums}
+        self.sums.clear()
+        self.counts.clear()
+        return out
+
+
+class Trainer:
+    """Owns the optimiser, precision policy, EMA and sampler of one worker.
+
+    :param model: the module to call for the loss: the DDP wrapper on several workers.
+    :param raw_model: the unwrapped module (for EMA and checkpoints); defaults to ``model``.
+    :param local_batch_size: this worker's share of the global batch.
+    :param loss_sync: gathers (t, loss) across workers for a loss-aware sampler.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module,
+        diffusion: GaussianDiffusion,
+        sampler: ScheduleSampler,
+        optim: OptimConfig,
+        train: TrainConfig,
+        local_batch_size: int,
+        device: torch.device,
+        raw_model: torch.nn.Module | None = None,
+        loss_sync: LossSync | None = None,
+    ) -> None:
+        self.model = model
+        self.raw_model = raw_model if raw_model is not None else model
+        self.diffusion = diffusion
+        self.sampler = sampler
+        self.optim_config = optim
+        self.train_config = train
+        self.device = device
+        self.local_batch_size = local_batch_size
+        self.microbatch = train.microbatch if train.microbatch > 0 else local_batch_size
+        if local_batch_size % self.microbatch:
+            raise ValueError(
+                f"per-worker batch {local_batch_size} must be divisible by "
+                f"microbatch={self.microbatch}"
+            )
+        self.loss_sync = loss_sync
+        self.precision = PrecisionPolicy(
+            train.precision, device=device, init_scale=train.initial_loss_scale
+        )
+        betas = optim.adam_beta_tuple()
+        self.optimizer = torch.optim.AdamW(
+            self.raw_model.parameters(),
+            lr=optim.lr,
+            weight_decay=optim.weight_decay,
+            betas=(betas[0], betas[1]),
+        )
+        self.ema = EMA(self.raw_model, optim.ema_rates())
+        self.step = 0  # optimiser steps taken (skipped ones included)
+        self.skipped_steps = 0
+        self.consecutive_skipped = 0
+
+    # ------------------------------------------------------------------ schedule
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up, then improved-diffusion's linear anneal to 0 over lr_anneal_steps."""
+        lr = self.optim_config.lr
+        if self.optim_config.warmup_steps and step < self.optim_config.warmup_steps:
+            lr = lr * (step + 1) / self.optim_config.warmup_steps
+        if self.optim_config.lr_anneal_steps:
+            lr = lr * max(0.0, 1.0 - step / self.optim_config.lr_anneal_steps)
+        return lr
+
+    # ------------------------------------------------------------------ one step
+
+    def train_step(
+        self, x_start: torch.Tensor, cond: dict[str, torch.Tensor] | None = None
+    ) -> StepResult:
+        """One optimiser step over this worker's batch ``x_start`` ``[B, C, H, W]``."""
+        cond = cond or {}
+        if x_start.shape[0] != self.local_batch_size:
+            raise ValueError(
+                f"expected a local batch of {self.local_batch_size}, got {x_start.shape[0]}"
+            )
+        lr = self.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+
+        all_t, all_terms = [], {}
+        num_micro = self.local_batch_size // self.microbatch
+        for i in range(num_micro):
+            sl = slice(i * self.microbatch, (i + 1) * self.microbatch)
+            micro = x_start[sl].to(self.device, non_blocking=True)
+            micro_cond = {k: v[sl].to(self.device, non_blocking=True) for k, v in cond.items()}
+            t, weights = self.sampler.sample(micro.shape[0], self.device)
+            last = i == num_micro - 1
+            # DDP: all-reduce gradients only once, after the last microbatch.
+            sync_ctx = (
+                self.model.no_sync()
+                if not last and hasattr(self.model, "no_sync")
+                else contextlib.nullcontext()
+            )
+            with sync_ctx:
+                with self.precision.autocast():
+                    terms = self.diffusion.training_losses(
+                        self.model, micro, t, model_kwargs=micro_cond
+                    )
+                    # Importance weights keep the objective unbiased; dividing by the number
+                    # of microbatches makes the gradient the mean over the local batch,
+                    # independent of how it is split.
+                    loss = (terms["loss"].float() * weights).mean() / num_micro
+                self.precision.scale(loss).backward()
+            all_t.append(t)
+            for key, value in terms.items():
+                all_terms.setdefault(key, []).append(value.detach().float())
+
+        timesteps = torch.cat(all_t)
+        losses = {k: torch.cat(v) for k, v in all_terms.items()}
+        if isinstance(self.sampler, LossAwareSampler):
+            self.sampler.update_with_local_losses(timesteps, losses["loss"], sync=self.loss_sync)
+
+        self.precision.unscale_(self.optimizer)
+        grad_norm = self._grad_norm()
+        grads_finite = bool(torch.isfinite(grad_norm))
+        if grads_finite and self.optim_config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.optim_config.grad_clip)
+        stepped = self.precision.step(self.optimizer, grads_finite=grads_finite)
+        self.step += 1
+        if stepped:
+            self.ema.update(self.raw_model)
+            self.consecutive_skipped = 0
+        else:
+            self.skipped_steps += 1
+            self.consecutive_skipped += 1
+            logger.warning(
+                "step %d skipped: non-finite gradients (loss scale now %g, %d skipped in a row)",
+                self.step,
+                self.precision.loss_scale,
+                self.consecutive_skipped,
+            )
+            self._check_collapse()
+        return StepResult(
+            stepped=stepped,
+            losses=losses,
+            timesteps=timesteps,
+            grad_norm=grad_norm,
+            lr=lr,
+            loss_scale=self.precision.loss_scale,
+        )
+
+    def _grad_norm(self) -> torch.Tensor:
+        grads = [p.grad for p in self.raw_model.parameters() if p.grad is not None]
+        if not grads:
+            return torch.zeros((), device=self.device)
+        norms = torch._foreach_norm(grads)
+        return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+
+    def _check_collapse(self) -> None:
+        limit = self.train_config.max_consecutive_skipped
+        if self.consecutive_skipped >= limit:
+            raise TrainingCollapsedError(
+                f"{self.consecutive_skipped} consecutive steps had non-finite gradients "
+                f"(train.max_consecutive_skipped={limit}); the run is diverging. Lower optim.lr, "
+                "set optim.grad_clip, or use precision=bf16/fp32."
+            )
+        if (
+            self.precision.scaler is not None
+            and self.precision.loss_scale < self.train_config.min_loss_scale
+        ):
+            raise TrainingCollapsedError(
+                f"the fp16 loss scale collapsed to {self.precision.loss_scale:g} "
+                f"(< train.min_loss_scale={self.train_config.min_loss_scale:g}): every step "
+                "overflows. Use precision=bf16 or fp32, lower optim.lr, or set optim.grad_clip."
+            )
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the model and EMA weights (those are saved as model state dicts)."""
+        return {
+            "step": self.step,
+            "skipped_steps": self.skipped_steps,
+            "optimizer": self.optimizer.state_dict(),
+            "precision": self.precision.state_dict(),
+            "sampler": self.sampler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.precision.load_state_dict(state["precision"])
+        self.sampler.load_state_dict(state["sampler"])
+
+
+def infinite_batches(
+    images: torch.Tensor,
+    labels: torch.Tensor | None,
+    *,
+    batch_size: int,
+    seed: int,
+    start_epoch: int = 0,
+) -> Iterator[tuple[int, torch.Tensor, dict[str, torch.Tensor]]]:
+    """In-memory data for single-process runs: ``(epoch, x, cond)`` forever, reshuffled per epoch.
+
+    Random horizontal flips as improved-diffusion's image loader does for training.
+    """
+    n = images.shape[0]
+    if n < batch_size:
+        raise ValueError(f"dataset has {n} images, fewer than one batch of {batch_size}")
+    epoch = start_epoch
+    while True:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        order = torch.randperm(n, generator=g)
+        flips = torch.rand(n, generator=g) < 0.5
+        for i in range(0, n - batch_size + 1, batch_size):
+            idx = order[i : i + batch_size]
+            x = images[idx]
+            x = torch.where(flips[idx].view(-1, 1, 1, 1), x.flip(-1), x)
+            cond = {"y": labels[idx]} if labels is not None else {}
+            yield epoch, x, cond
+        epoch += 1
+
+
+def format_eta(seconds: float) -> str:
+    """``1h02m`` / ``4m05s`` / ``12s``."""
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def now() -> float:
+    return time.perf_counter()
