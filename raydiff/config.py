@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
+from raydiff.data.config import DataConfig
+
 NoiseSchedule = Literal["linear", "cosine"]
 
 # improved-diffusion's / guided-diffusion's image_size -> channel_mult table.
@@ -299,6 +301,16 @@ class TrainConfig:
     """Seed of every random number generator."""
     max_consecutive_skipped: int = 50
     """Stop when this many steps in a row had non-finite gradients."""
+    eval_interval: int = 0
+    """Steps between validation bits/dim estimates on the EMA weights (0: only at the end)."""
+    eval_num_images: int = 256
+    """Validation images per evaluation (over all workers)."""
+    eval_timesteps: int = 10
+    """Stratified timesteps per image for the bits/dim estimate."""
+    sample_count: int = 64
+    """Images in each sample grid."""
+    sample_steps: int = 50
+    """DDIM steps for the sample grids."""
     initial_loss_scale: float = 2.0**16
     """fp16: the dynamic loss scale to start from (halved on overflow, doubled every 2000 good steps)."""
     min_loss_scale: float = 1.0
@@ -316,8 +328,12 @@ class TrainConfig:
         for name in ("max_steps", "log_interval", "save_interval"):
             if getattr(self, name) < 1:
                 raise _fail(s, name, getattr(self, name), "must be >= 1")
-        if self.sample_interval < 0:
-            raise _fail(s, "sample_interval", self.sample_interval, "must be >= 0")
+        for name in ("sample_interval", "eval_interval"):
+            if getattr(self, name) < 0:
+                raise _fail(s, name, getattr(self, name), "must be >= 0 (0: only at the end)")
+        for name in ("eval_num_images", "eval_timesteps", "sample_count", "sample_steps"):
+            if getattr(self, name) < 1:
+                raise _fail(s, name, getattr(self, name), "must be >= 1")
         if self.max_consecutive_skipped < 1:
             raise _fail(s, "max_consecutive_skipped", self.max_consecutive_skipped, "must be >= 1")
         if not self.initial_loss_scale > 0:
@@ -347,6 +363,39 @@ class TrainConfig:
 
 
 @dataclass(kw_only=True)
+class ScalingConfig:
+    """How the run is spread over Ray: workers, resources, failure handling."""
+
+    num_workers: int = 2
+    """Training workers (DDP ranks)."""
+    use_gpu: bool = False
+    """One GPU per worker (NCCL) instead of CPU workers (gloo)."""
+    cpus_per_worker: float = 1.0
+    """CPUs reserved per worker; leave some CPUs free for Ray Data's decoding."""
+    max_failures: int = 3
+    """Worker-group restarts from the last checkpoint before the run fails (-1: unlimited)."""
+    checkpoints_to_keep: int = 3
+    """Newest checkpoints kept in run storage."""
+    sampler_refresh_interval: int = 10
+    """Steps between loss-aware sampler weight refreshes (all ranks switch together)."""
+
+    def __post_init__(self) -> None:
+        s = "scaling"
+        if self.num_workers < 1:
+            raise _fail(s, "num_workers", self.num_workers, "must be >= 1")
+        if self.cpus_per_worker <= 0:
+            raise _fail(s, "cpus_per_worker", self.cpus_per_worker, "must be > 0")
+        if self.max_failures < -1:
+            raise _fail(s, "max_failures", self.max_failures, "must be >= 0, or -1 for unlimited")
+        if self.checkpoints_to_keep < 1:
+            raise _fail(s, "checkpoints_to_keep", self.checkpoints_to_keep, "must be >= 1")
+        if self.sampler_refresh_interval < 1:
+            raise _fail(
+                s, "sampler_refresh_interval", self.sampler_refresh_interval, "must be >= 1"
+            )
+
+
+@dataclass(kw_only=True)
 class ExperimentConfig:
     """Everything that defines a run: model, diffusion, optimiser and training loop."""
 
@@ -358,6 +407,10 @@ class ExperimentConfig:
     """Optimiser, lr schedule and EMA."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Batch, precision, length and intervals."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The prepared dataset and how it is streamed."""
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    """Workers, resources and failure handling on Ray."""
 
 
 # ---------------------------------------------------------------------- dict round trip

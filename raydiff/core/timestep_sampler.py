@@ -27,6 +27,17 @@ from raydiff.core.gaussian_diffusion import GaussianDiffusion
 SCHEDULE_SAMPLERS = ("uniform", "loss-second-moment")
 
 
+class LossSync(Protocol):
+    """Gathers every worker's (t, loss) pairs so that all loss-aware samplers see the same data.
+
+    Returns the concatenation over all workers, in the same order on every worker.
+    """
+
+    def __call__(
+        self, local_ts: torch.Tensor, local_losses: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 class ScheduleSampler(ABC):
     """A distribution over timesteps that keeps the training objective unbiased.
 
@@ -59,6 +70,11 @@ class ScheduleSampler(ABC):
         weights = 1.0 / (len(p) * p[indices])
         return indices.to(device), weights.float().to(device)
 
+    def record_losses(  # noqa: B027 -- an optional hook: fixed samplers ignore the losses
+        self, ts: torch.Tensor, losses: torch.Tensor, *, sync: LossSync | None = None
+    ) -> None:
+        """Called by the trainer with every step's (t, loss); a no-op for fixed samplers."""
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue sampling identically after a restart."""
         return {"rng_state": self.generator.get_state()}
@@ -79,17 +95,6 @@ class UniformSampler(ScheduleSampler):
         return self._weights
 
 
-class LossSync(Protocol):
-    """Gathers every worker's (t, loss) pairs so that all loss-aware samplers see the same data.
-
-    Returns the concatenation over all workers, in the same order on every worker.
-    """
-
-    def __call__(
-        self, local_ts: torch.Tensor, local_losses: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
 class LossAwareSampler(ScheduleSampler):
     """A sampler whose distribution depends on the losses observed so far."""
 
@@ -107,6 +112,11 @@ class LossAwareSampler(ScheduleSampler):
         if sync is not None:
             local_ts, local_losses = sync(local_ts, local_losses)
         self.update_with_all_losses(local_ts, local_losses)
+
+    def record_losses(
+        self, ts: torch.Tensor, losses: torch.Tensor, *, sync: LossSync | None = None
+    ) -> None:
+        self.update_with_local_losses(ts, losses, sync=sync)
 
     @abstractmethod
     def update_with_all_losses(self, ts: torch.Tensor, losses: torch.Tensor) -> None:

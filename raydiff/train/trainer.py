@@ -11,7 +11,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ import torch
 
 from raydiff.config import OptimConfig, TrainConfig
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
-from raydiff.core.timestep_sampler import LossAwareSampler, LossSync, ScheduleSampler
+from raydiff.core.timestep_sampler import LossSync, ScheduleSampler
 from raydiff.train.ema import EMA
 from raydiff.train.precision import PrecisionPolicy
 
@@ -61,18 +61,30 @@ class MetricAccumulator:
             values = values.float()
             self.add(key, float(values.sum()), values.numel())
             for q in range(4):
+                # Every bin is present (possibly with count 0) so that ranks can reduce the same keys.
                 mask = quartile == q
-                n = int(mask.sum())
-                if n:
-                    self.add(f"{key}_q{q}", float(values[mask].sum()), n)
+                self.add(f"{key}_q{q}", float(values[mask].sum()), int(mask.sum()))
         if result.stepped:
             self.add("grad_norm", float(result.grad_norm))
 
-    def flush(self) -> dict[str, float]:
-        out = {k: self.sums[k] / max(self.counts[k], 1) for k in self.sums}
+    def flush(
+        self, reduce: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+    ) -> dict[str, float]:
+        """Means since the last flush; ``reduce`` sums the totals over workers first."""
+        sums, counts = dict(self.sums), dict(self.counts)
         self.sums.clear()
         self.counts.clear()
-        return out
+        if reduce is not None:
+            keys = sorted(sums)
+            packed = {f"s:{k}": torch.tensor(sums[k], dtype=torch.float64) for k in keys}
+            packed.update(
+                {f"n:{k}": torch.tensor(float(counts[k]), dtype=torch.float64) for k in keys}
+            )
+            reduced = reduce(packed)
+            sums = {k: float(reduced[f"s:{k}"]) for k in keys}
+            counts = {k: int(reduced[f"n:{k}"]) for k in keys}
+        # A bin that no sample fell into has no mean: leave it out rather than report 0.
+        return {k: sums[k] / counts[k] for k in sums if counts[k] > 0}
 
 
 class Trainer:
@@ -184,8 +196,7 @@ class Trainer:
 
         timesteps = torch.cat(all_t)
         losses = {k: torch.cat(v) for k, v in all_terms.items()}
-        if isinstance(self.sampler, LossAwareSampler):
-            self.sampler.update_with_local_losses(timesteps, losses["loss"], sync=self.loss_sync)
+        self.sampler.record_losses(timesteps, losses["loss"], sync=self.loss_sync)
 
         self.precision.unscale_(self.optimizer)
         grad_norm = self._grad_norm()

@@ -1,0 +1,347 @@
+"""The ``raydiff`` command line: ``raydiff SUBCOMMAND ...`` (same as ``python jobs/SUBCOMMAND.py``).
+
+Each subcommand is a pair of functions registered in ``SUBCOMMANDS``: one adds its arguments to
+an ``argparse`` sub-parser, the other turns the parsed arguments into a typed config and calls
+one library function. Heavy imports (Ray, torch) happen inside the run functions, so ``raydiff
+--help`` and ``raydiff prepare`` start quickly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Exit codes: 0 success, 1 a user error with a message (bad input, existing output), 2 argparse.
+EXIT_USER_ERROR = 1
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One ``raydiff`` subcommand."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# --------------------------------------------------------------------------------------------
+# prepare
+
+
+def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``raydiff prepare`` (and ``python jobs/prepare.py``)."""
+    from raydiff.data.encode import FITS
+    from raydiff.data.prepare import PrepareOptions
+    from raydiff.data.sources import EMBEDDED_SOURCES, LABEL_RULES
+
+    defaults = PrepareOptions(source="-", out="-")
+    parser.add_argument(
+        "source",
+        help="image folder (recursive; jpg jpeg png gif webp bmp), IDX images file or folder, "
+        f".npz (arr_0 NHWC uint8, optional arr_1 labels), or one of: {', '.join(EMBEDDED_SOURCES)}",
+    )
+    parser.add_argument("--out", required=True, help="folder to create (local path)")
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        help="side of the stored square images (default: 32 for fashion-mnist, else 64)",
+    )
+    parser.add_argument(
+        "--channels",
+        type=int,
+        choices=(1, 3),
+        default=None,
+        help="1 (grey) or 3 (RGB); default: 1 for grey IDX/.npz sources, else 3",
+    )
+    parser.add_argument(
+        "--fit",
+        choices=FITS,
+        default=defaults.fit,
+        help="resize: improved-diffusion's rule (BOX halving, BICUBIC, centre crop); "
+        "pad: centre-pad smaller images with black (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--labels",
+        choices=LABEL_RULES,
+        default=defaults.labels,
+        help="prefix: file name before the first '_' (improved-diffusion); folder: first "
+        "sub-folder; auto: stored labels of IDX/.npz, none for folders (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--val-count",
+        type=int,
+        default=defaults.val_count,
+        help="images held out of train as the val split, at most 10%% of train "
+        "(default: %(default)s; 0 for none)",
+    )
+    parser.add_argument(
+        "--val-fraction",
+        type=float,
+        default=None,
+        help="fraction of train held out as val (overrides --val-count)",
+    )
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of val and row order")
+    parser.add_argument(
+        "--max-bad-fraction",
+        type=float,
+        default=defaults.max_bad_fraction,
+        help="fail if more than this fraction of images is unreadable (default: %(default)s)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=defaults.num_workers,
+        help="encoder processes (default: the number of cores, %(default)s)",
+    )
+    parser.add_argument(
+        "--shard-rows",
+        type=int,
+        default=defaults.shard_max_rows,
+        help="rows per shard at most (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--shard-mb",
+        type=float,
+        default=defaults.shard_max_bytes / (1 << 20),
+        help="MiB of PNG data per shard at most (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--compress-level",
+        type=int,
+        default=defaults.compress_level,
+        help="PNG zlib level 0-9 (default: %(default)s, fast)",
+    )
+    parser.add_argument(
+        "--limit", type=int, default=None, help="keep only the first N images of each split"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    """Build ``PrepareOptions`` from the arguments and run prepare."""
+    from raydiff.data.prepare import PrepareOptions, prepare_dataset
+
+    options = PrepareOptions(
+        source=args.source,
+        out=args.out,
+        image_size=args.image_size,
+        channels=args.channels,
+        fit=args.fit,
+        labels=args.labels,
+        val_count=args.val_count,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        max_bad_fraction=args.max_bad_fraction,
+        overwrite=args.overwrite,
+        num_workers=args.workers,
+        shard_max_rows=args.shard_rows,
+        shard_max_bytes=int(args.shard_mb * (1 << 20)),
+        compress_level=args.compress_level,
+        limit=args.limit,
+        progress=not args.quiet,
+    )
+    with _terminate_as_exit():
+        summary = prepare_dataset(options)
+    if not args.quiet:
+        print(summary.format())
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# train
+
+DEFAULT_CONFIG = "configs/demo.yaml"
+DEFAULT_DATA = "data/fashion-mnist"
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``raydiff train`` (and ``python jobs/train.py``)."""
+    parser.add_argument(
+        "--config",
+        default=None,
+        help=f"YAML config (default: {DEFAULT_CONFIG}, the Fashion-MNIST demo)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a config field: section.field=value, or a unique improved-diffusion "
+        "flag name (noise_schedule=cosine); repeatable",
+    )
+    parser.add_argument(
+        "--data",
+        default=DEFAULT_DATA,
+        help="prepared dataset (folder or URI with manifest.json); the default is prepared "
+        "from fashion-mnist when missing (default: %(default)s)",
+    )
+    parser.add_argument("--output", default="runs/demo", help="run folder (default: %(default)s)")
+    parser.add_argument("--max-steps", type=int, default=None, help="sets train.max_steps")
+    parser.add_argument(
+        "--num-workers", type=int, default=None, help="sets scaling.num_workers (Ray Train workers)"
+    )
+    parser.add_argument(
+        "--single-process",
+        action="store_true",
+        help="train in this process without Ray (debugging; one worker, in-memory data)",
+    )
+    parser.add_argument(
+        "--resume",
+        default=None,
+        help="checkpoint folder to continue from (default: the newest under --output)",
+    )
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Build the config, prepare the embedded dataset if needed, and train (Ray Train by default)."""
+    from pathlib import Path
+
+    from raydiff.config import load_config, to_dict
+
+    overrides = list(args.overrides)
+    if args.max_steps is not None:
+        overrides.append(f"train.max_steps={args.max_steps}")
+    if args.num_workers is not None:
+        overrides.append(f"scaling.num_workers={args.num_workers}")
+    overrides.append(f"data.data_dir={args.data}")
+    config_path = args.config
+    if config_path is None:
+        config_path = str(Path(__file__).resolve().parent.parent / DEFAULT_CONFIG)
+    config = load_config(config_path, overrides)
+    if args.data == DEFAULT_DATA and not (Path(args.data) / "manifest.json").is_file():
+        from raydiff.data.prepare import PrepareOptions, prepare_dataset
+
+        logger.info("preparing the embedded Fashion-MNIST dataset into %s (once)", args.data)
+        with _terminate_as_exit():
+            print(prepare_dataset(PrepareOptions(source="fashion-mnist", out=args.data)).format())
+    output = Path(args.output)
+    if args.single_process:
+        result = _train_single_process(config, output=output, resume=args.resume)
+    else:
+        from raydiff.orchestrate.trainer import run_training_job
+
+        result = run_training_job(to_dict(config), output_dir=str(output), resume=args.resume)
+    print(f"final metrics: {_format_metrics(result)}")
+    print(f"run folder:    {output.resolve()}")
+    print(f"tensorboard:   tensorboard --logdir {output.resolve() / 'tensorboard'}")
+    return 0
+
+
+def _train_single_process(config: Any, *, output: Any, resume: str | None) -> dict[str, Any]:
+    from pathlib import Path
+
+    from raydiff.data.in_memory import load_split_tensors
+    from raydiff.data.manifest import check_compatible, load_manifest
+    from raydiff.train.loop import run_training
+    from raydiff.train.trainer import infinite_batches
+
+    check_compatible(
+        load_manifest(config.data.data_dir),
+        image_size=config.model.image_size,
+        channels=config.model.in_channels,
+        class_cond=config.model.class_cond,
+        num_classes=config.model.num_classes,
+    )
+    images, labels, _ = load_split_tensors(config.data.data_dir, config.data.train_split)
+    batches = infinite_batches(
+        images,
+        labels if config.model.class_cond else None,
+        batch_size=config.train.batch_size,
+        seed=config.train.seed,
+    )
+    return run_training(
+        config, batches=batches, output_dir=output, resume=Path(resume) if resume else None
+    )
+
+
+def _format_metrics(metrics: dict[str, Any]) -> str:
+    keys = ("step", "loss", "val_bpd", "val_mse", "images_per_s")
+    return "  ".join(
+        f"{k} {metrics[k]:.4g}" if isinstance(metrics[k], float) else f"{k} {metrics[k]}"
+        for k in keys
+        if k in metrics
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# registry and entry point
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "prepare": Subcommand(
+        help="turn an image collection into Parquet shards + manifest.json",
+        add_arguments=add_prepare_arguments,
+        run=run_prepare,
+    ),
+    "train": Subcommand(
+        help="train a diffusion model (default: the Fashion-MNIST demo)",
+        add_arguments=add_train_arguments,
+        run=run_train,
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one sub-parser per entry of ``SUBCOMMANDS``."""
+    parser = argparse.ArgumentParser(
+        prog="raydiff", description="Diffusion models (IDDPM / ADM) on Ray."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, subcommand in SUBCOMMANDS.items():
+        sub = subparsers.add_parser(name, help=subcommand.help, description=subcommand.help)
+        subcommand.add_arguments(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console-script entry point (``raydiff = raydiff.cli:main``); returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG
+        if args.verbose
+        else logging.WARNING
+        if getattr(args, "quiet", False)
+        else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return SUBCOMMANDS[args.command].run(args)
+    except (ValueError, FileNotFoundError, FileExistsError) as error:
+        # User mistakes get one clear line, not a traceback (use -v for the traceback).
+        logger.debug("details", exc_info=True)
+        print(f"raydiff {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+class _terminate_as_exit:
+    """Turn SIGTERM into SystemExit while active, so ``finally`` blocks clean up temp output."""
+
+    def __enter__(self) -> None:
+        self._previous = None
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._raise)
+        except ValueError:  # not the main thread: leave signals alone
+            self._previous = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    @staticmethod
+    def _raise(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The driver: validate the config, build the datasets and run one ``TorchTrainer``.
+
+``run_training_job(config_dict)`` is a function of a config dict that returns the final metrics,
+so a Tune trial (the sweep issue) can call it once per trial.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from raydiff.config import ExperimentConfig, from_dict, to_dict
+from raydiff.data.manifest import load_manifest
+
+logger = logging.getLogger(__name__)
+
+
+def check_config(config: ExperimentConfig, *, resume: Path | None = None) -> None:
+    """Everything that can be checked before a worker starts; raises ValueError naming the field."""
+    config.train.per_worker_batch(config.scaling.num_workers)
+    if config.data.image_size != config.model.image_size:
+        raise ValueError(
+            f"data.image_size={config.data.image_size} differs from model.image_size="
+            f"{config.model.image_size}"
+        )
+    manifest = load_manifest(config.data.data_dir)  # FileNotFoundError names the missing path
+    from raydiff.data.manifest import check_compatible
+
+    check_compatible(
+        manifest,
+        image_size=config.model.image_size,
+        channels=config.model.in_channels,
+        class_cond=config.model.class_cond,
+        num_classes=config.model.num_classes,
+    )
+    if resume is not None and not (resume / "model.pt").is_file():
+        raise FileNotFoundError(
+            f"--resume {resume} is not a raydiff checkpoint directory (no model.pt in it)"
+        )
+
+
+def sync_data_config(config: ExperimentConfig) -> ExperimentConfig:
+    """The data section takes the model's image geometry and the run's seed."""
+    config.data.image_size = config.model.image_size
+    config.data.channels = config.model.in_channels
+    config.data.class_cond = config.model.class_cond
+    config.data.seed = config.train.seed
+    config.data.data_dir = _absolute(config.data.data_dir)
+    return config
+
+
+def _absolute(uri: str) -> str:
+    # Workers chdir into their own run folder: local paths must be absolute.
+    return uri if "://" in uri else str(Path(uri).expanduser().resolve())
+
+
+def ensure_ray(*, num_workers: int, cpus_per_worker: float) -> None:
+    """Connect to a running cluster (RAY_ADDRESS or a local `ray start`), else start one here."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    # The dashboard's Train page needs state tracking switched on in the driver.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+        return
+    try:
+        ray.init(address="auto")
+        logger.info("connected to the running Ray cluster")
+        return
+    except ConnectionError:
+        pass
+    # Training workers must not take every CPU or Ray Data has none left to decode with.
+    needed = math.ceil(num_workers * cpus_per_worker) + 2
+    ray.init(num_cpus=max(os.cpu_count() or 1, needed))
+    logger.info("started a local Ray instance (dashboard: http://127.0.0.1:8265)")
+
+
+def run_training_job(
+    config_dict: dict[str, Any],
+    *,
+    output_dir: str,
+    resume: str | None = None,
+    show_data_progress: bool = False,
+) -> dict[str, Any]:
+    """Train with Ray Train; returns rank 0's final metrics plus the checkpoint path.
+
+    Re-running with the same ``output_dir`` continues that run from its latest checkpoint.
+    """
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from raydiff.data.pipeline import build_datasets, execution_options
+    from raydiff.orchestrate.sampler_actor import get_or_create_actor, kill_actor
+    from raydiff.orchestrate.worker import train_loop_per_worker
+
+    config = sync_data_config(from_dict(ExperimentConfig, config_dict))
+    out = Path(output_dir).expanduser().resolve()
+    resume_path = Path(resume).expanduser().resolve() if resume else None
+    check_config(config, resume=resume_path)
+    scaling = config.scaling
+    ensure_ray(num_workers=scaling.num_workers, cpus_per_worker=scaling.cpus_per_worker)
+
+    run_name = re.sub(r"[^A-Za-z0-9_.-]", "-", out.name)
+    if any(out.glob("checkpoint_*")):
+        logger.info("%s holds checkpoints: continuing that run from its latest one", out)
+    if not show_data_progress:
+        from ray.data import DataContext
+
+        # Ray Data's per-operator bars drown the training log; the dashboard shows them.
+        DataContext.get_current().enable_progress_bars = False
+    datasets = build_datasets(config.data)
+    actor_needed = config.train.schedule_sampler == "loss-second-moment"
+    if actor_needed:
+        get_or_create_actor(run_name, num_timesteps=config.diffusion.diffusion_steps)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={
+            "config": to_dict(config),
+            "run_name": run_name,
+            "output_dir": str(out),
+            "resume": str(resume_path) if resume_path else None,
+            "datasets": sorted(datasets),
+        },
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=scaling.num_workers,
+            use_gpu=scaling.use_gpu,
+            resources_per_worker={"CPU": scaling.cpus_per_worker},
+        ),
+        run_config=ray.train.RunConfig(
+            name=run_name,
+            storage_path=str(out.parent),
+            failure_config=ray.train.FailureConfig(max_failures=scaling.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=scaling.checkpoints_to_keep),
+        ),
+        datasets=datasets,
+        dataset_config=ray.train.DataConfig(
+            datasets_to_split=["train", *(["val"] if "val" in datasets else [])],
+            execution_options=execution_options(config.data),
+        ),
+    )
+    try:
+        result = trainer.fit()
+    finally:
+        if actor_needed:
+            kill_actor(run_name)
+    metrics = dict(result.return_value or {})
+    if result.checkpoint is not None:
+        metrics["checkpoint"] = result.checkpoint.path
+    metrics["output_dir"] = str(out)
+    return metrics

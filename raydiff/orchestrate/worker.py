@@ -1,0 +1,318 @@
+"""``train_loop_per_worker``: wires the Ray-free ``Trainer`` to Ray Train on every rank.
+
+Everything here is glue: the model is wrapped by ``prepare_model`` (DDP when world size > 1),
+batches come from the rank's Ray Data shard, metrics and checkpoints go through
+``ray.train.report`` (every rank reports at the same steps; only rank 0 attaches the checkpoint),
+TensorBoard is written by rank 0. Resume works on any number of workers: every rank loads the
+same checkpoint files itself, no collective is involved.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+
+from raydiff.config import ExperimentConfig, from_dict, to_dict
+from raydiff.core.factory import create_gaussian_diffusion, create_model
+from raydiff.core.timestep_sampler import ScheduleSampler, UniformSampler
+from raydiff.data.pipeline import iterate_batches
+from raydiff.orchestrate.sampler_actor import ActorSyncedSampler
+from raydiff.train.checkpoint import load_checkpoint, write_checkpoint_files
+from raydiff.train.loop import ema_samples, sampling_diffusion, seed_everything
+from raydiff.train.sample_grid import save_grid
+from raydiff.train.trainer import MetricAccumulator, Trainer, format_eta, now
+from raydiff.train.validation import estimate_bpd, stratified_timesteps
+
+logger = logging.getLogger(__name__)
+
+
+def _configure_logging(rank: int) -> None:
+    """raydiff's loggers rank-prefixed, INFO on rank 0 and WARNING elsewhere; Ray's untouched."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(name)s: %(message)s"))
+    package = logging.getLogger("raydiff")
+    package.handlers[:] = [handler]
+    package.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    package.propagate = False
+    # Ray Train logs every report at INFO from every rank; keep its warnings only.
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
+
+
+def _broadcast_from_rank0(tensor: torch.Tensor) -> None:
+    dist.broadcast(tensor, src=0)
+
+
+def _all_reduce_sum(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    keys = sorted(values)
+    packed = torch.stack([values[k].double() for k in keys])
+    dist.all_reduce(packed)
+    return dict(zip(keys, packed, strict=True))
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
+    """The function every Ray Train worker runs. ``loop_config``: config, run_name, output_dir, resume."""
+    config = from_dict(ExperimentConfig, loop_config["config"])
+    run_name: str = loop_config["run_name"]
+    output_dir = Path(loop_config["output_dir"])
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    _configure_logging(rank)
+    # Different dropout / noise streams per rank; DDP makes the initial weights identical.
+    seed_everything(config.train.seed + 1000 * rank)
+    device = ray.train.torch.get_device()
+
+    model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
+    wrapped = ray.train.torch.prepare_model(
+        model, parallel_strategy_kwargs={"broadcast_buffers": False}
+    )
+    raw_model = wrapped.module if hasattr(wrapped, "module") else wrapped
+    diffusion = create_gaussian_diffusion(config.diffusion)
+    sampler: ScheduleSampler
+    if config.train.schedule_sampler == "loss-second-moment":
+        sampler = ActorSyncedSampler(
+            diffusion,
+            run_name=run_name,
+            rank=rank,
+            seed=config.train.seed * 1000 + rank,
+            refresh_interval=config.scaling.sampler_refresh_interval,
+            broadcast=_broadcast_from_rank0 if world_size > 1 else None,
+        )
+    else:
+        sampler = UniformSampler(diffusion, seed=config.train.seed * 1000 + rank)
+    local_batch = config.train.per_worker_batch(world_size)
+    trainer = Trainer(
+        model=wrapped,
+        raw_model=raw_model,
+        diffusion=diffusion,
+        sampler=sampler,
+        optim=config.optim,
+        train=config.train,
+        local_batch_size=local_batch,
+        device=device,
+    )
+
+    epoch = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            epoch = _restore(trainer, raw_model, load_checkpoint(Path(directory)), rank)
+        logger.info("resumed from Ray Train's latest checkpoint at step %d", trainer.step)
+    elif loop_config.get("resume"):
+        epoch = _restore(trainer, raw_model, load_checkpoint(Path(loop_config["resume"])), rank)
+        logger.info("resumed from %s at step %d", loop_config["resume"], trainer.step)
+
+    batches = iterate_batches(
+        ray.train.get_dataset_shard("train"),
+        batch_size=local_batch,
+        config=config.data,
+        epoch_start=epoch,
+        rank=rank,
+    )
+    writer = None
+    if rank == 0:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(output_dir / "tensorboard"))
+    preview = sampling_diffusion(diffusion, steps=config.train.sample_steps)
+    eval_t = stratified_timesteps(
+        diffusion.num_timesteps, config.train.eval_timesteps, seed=config.train.seed
+    )
+    metrics = MetricAccumulator(num_timesteps=diffusion.num_timesteps)
+    image_shape = (config.model.in_channels, config.model.image_size, config.model.image_size)
+    num_classes = config.model.num_classes if config.model.class_cond else None
+    max_steps = config.train.max_steps
+    window_start, window_steps, data_wait = now(), 0, 0.0
+    run_start, start_step = now(), trainer.step
+    last_report: dict[str, Any] = {}
+
+    def evaluate() -> dict[str, float]:
+        """Validation bits/dim on the EMA weights: every rank its val shard, summed over ranks."""
+        shard = ray.train.get_dataset_shard("val") if "val" in loop_config["datasets"] else None
+        if shard is None:
+            return {}
+        per_rank = max(1, config.train.eval_num_images // world_size)
+        rate = trainer.ema.rates[0] if trainer.ema.rates else None
+        weights = trainer.ema.state_dict_for(rate, raw_model) if rate else raw_model.state_dict()
+        current = {k: v.detach().clone() for k, v in raw_model.state_dict().items()}
+        raw_model.load_state_dict(weights)
+        raw_model.eval()
+        try:
+            val_batches = _take_images(
+                iterate_batches(
+                    shard, batch_size=min(per_rank, 64), config=config.data, rank=rank, train=False
+                ),
+                per_rank,
+                device,
+            )
+            totals = estimate_bpd(
+                diffusion=diffusion,
+                model=raw_model,
+                batches=val_batches,
+                timesteps=eval_t,
+                seed=config.train.seed + rank,
+            )
+        finally:
+            raw_model.load_state_dict(current)
+            raw_model.train()
+        totals = _all_reduce_sum(totals)
+        count = float(totals["count"])
+        return {
+            "val_bpd": float(totals["bpd_sum"]) / count,
+            "val_mse": float(totals["mse_sum"]) / count,
+        }
+
+    def sample_grid() -> None:
+        if rank != 0:
+            return
+        rate = trainer.ema.rates[0] if trainer.ema.rates else None
+        weights = trainer.ema.state_dict_for(rate, raw_model) if rate else raw_model.state_dict()
+        images = ema_samples(
+            model=raw_model,
+            ema_state=weights,
+            diffusion=preview,
+            num_samples=config.train.sample_count,
+            image_shape=image_shape,
+            seed=config.train.seed,
+            num_classes=num_classes,
+        )
+        path = save_grid(images, output_dir / "samples" / f"samples_{trainer.step:06d}.png")
+        assert writer is not None
+        writer.add_images("samples/ema", (images.clamp(-1, 1) + 1) / 2, trainer.step)
+        logger.info("wrote sample grid %s", path)
+
+    def report(report_metrics: dict[str, Any], *, with_checkpoint: bool) -> None:
+        if not with_checkpoint:
+            ray.train.report(report_metrics)
+            return
+        sampler_state = trainer.state_dict()  # rank 0 fetches the actor's history here
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = None
+            if rank == 0:
+                sampler_state["epoch"] = epoch
+                sampler_state["torch_rng"] = torch.get_rng_state()
+                write_checkpoint_files(
+                    Path(tmp),
+                    model_state=raw_model.state_dict(),
+                    ema_states={
+                        r: trainer.ema.state_dict_for(r, raw_model) for r in trainer.ema.rates
+                    },
+                    trainer_state=sampler_state,
+                    config=to_dict(config),
+                )
+                ckpt = ray.train.Checkpoint.from_directory(tmp)
+            # Ray copies the directory to run storage atomically before report returns.
+            ray.train.report(
+                report_metrics,
+                checkpoint=ckpt,
+                checkpoint_dir_name=f"checkpoint_{trainer.step:06d}",
+            )
+
+    raw_model.train()
+    while trainer.step < max_steps:
+        wait_start = now()
+        epoch, batch = next(batches)
+        data_wait += now() - wait_start
+        cond = {"y": batch["y"]} if "y" in batch else {}
+        result = trainer.train_step(batch["x"], cond)
+        metrics.add_step(result)
+        window_steps += 1
+        step = trainer.step
+        last = step == max_steps
+        if writer is not None:
+            writer.add_scalar("train/loss_step", float(result.losses["loss"].mean()), step)
+            writer.add_scalar("train/lr", result.lr, step)
+        is_log = step % config.train.log_interval == 0 or last
+        is_save = step % config.train.save_interval == 0 or last
+        is_eval = (config.train.eval_interval and step % config.train.eval_interval == 0) or last
+        is_sample = (
+            config.train.sample_interval and step % config.train.sample_interval == 0
+        ) or last
+        if not (is_log or is_save or is_eval):
+            continue
+        report_metrics: dict[str, Any] = {}
+        if is_log or is_save:
+            elapsed = now() - window_start
+            # Loss terms over every rank's samples (grad_norm is identical on all ranks).
+            report_metrics = metrics.flush(reduce=_all_reduce_sum)
+            report_metrics.update(
+                step=step,
+                epoch=epoch,
+                lr=result.lr,
+                loss_scale=result.loss_scale,
+                skipped_steps=trainer.skipped_steps,
+                step_time=elapsed / max(window_steps, 1),
+                images_per_s=window_steps * config.train.batch_size / elapsed,
+                data_wait_fraction=data_wait / elapsed,
+            )
+            window_start, window_steps, data_wait = now(), 0, 0.0
+        if is_eval:
+            report_metrics.update(evaluate())
+            report_metrics.setdefault("step", step)
+        if is_sample:
+            sample_grid()
+        if writer is not None:
+            for key, value in report_metrics.items():
+                if key != "step":
+                    writer.add_scalar(f"train/{key}", value, step)
+            if isinstance(sampler, ActorSyncedSampler):
+                writer.add_histogram("sampler/weights", torch.from_numpy(sampler.weights()), step)
+            done = step - start_step
+            eta = (now() - run_start) / max(done, 1) * (max_steps - step)
+            logger.info(
+                "step %d/%d  loss %.4f  %s%.0f img/s  eta %s",
+                step,
+                max_steps,
+                report_metrics.get("loss", float("nan")),
+                f"val_bpd {report_metrics['val_bpd']:.3f}  " if "val_bpd" in report_metrics else "",
+                report_metrics.get("images_per_s", float("nan")),
+                format_eta(eta),
+            )
+        report(report_metrics, with_checkpoint=is_save)
+        last_report.update(report_metrics)
+    if writer is not None:
+        writer.close()
+    return last_report
+
+
+def _restore(trainer: Trainer, raw_model: torch.nn.Module, state: dict[str, Any], rank: int) -> int:
+    raw_model.load_state_dict(state["model"])
+    for rate in trainer.ema.rates:
+        if rate in state["ema"]:
+            trainer.ema.load_state_dict_for(rate, state["ema"][rate])
+        else:
+            logger.warning("checkpoint has no EMA at rate %s; starting it from the model", rate)
+    trainer.load_state_dict(state["trainer"])
+    # The checkpoint holds rank 0's random streams; give every rank its own again, as a function
+    # of (seed, rank, step) so a resumed run is reproducible on any number of workers.
+    seed = trainer.train_config.seed
+    trainer.sampler.generator.manual_seed(seed * 1_000_003 + rank * 7919 + trainer.step)
+    torch.manual_seed(seed + 1000 * rank + trainer.step)
+    return int(state["trainer"].get("epoch", 0))
+
+
+def _take_images(
+    batches: Any, limit: int, device: torch.device
+) -> list[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+    """The first ``limit`` images of a validation epoch.
+
+    The epoch is read to its end (decoding is cheap next to the model): leaving a streaming split
+    half-consumed would stall the other ranks' next epoch.
+    """
+    out, seen = [], 0
+    for _, batch in batches:
+        if seen >= limit:
+            continue
+        x = batch["x"][: limit - seen].to(device)
+        cond = {"y": batch["y"][: x.shape[0]].to(device)} if "y" in batch else {}
+        out.append((x, cond))
+        seen += x.shape[0]
+    return out
