@@ -299,6 +299,9 @@ class TrainConfig:
     """Steps between EMA sample grids (0: only at the end)."""
     seed: int = 0
     """Seed of every random number generator."""
+    init_checkpoint: str = ""
+    """Start from these weights (a raydiff model.pt or a published improved-/guided-diffusion
+    model*.pt / ema_*.pt, with the flags it was trained with); ignored when resuming."""
     max_consecutive_skipped: int = 50
     """Stop when this many steps in a row had non-finite gradients."""
     eval_interval: int = 0
@@ -423,24 +426,26 @@ def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-def from_dict(cls: type[ConfigT], data: Mapping[str, Any]) -> ConfigT:
-    """Build ``cls`` from a nested dict, refusing unknown keys with the list of valid ones."""
+def from_dict(cls: type[ConfigT], data: Mapping[str, Any], *, path: str = "") -> ConfigT:
+    """Build ``cls`` from a nested dict, refusing unknown keys with the list of valid ones.
+
+    ``path`` is the section name used in error messages (``model``, ``train``, ...).
+    """
     if not isinstance(data, Mapping):
         raise ValueError(f"{cls.__name__} expects a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ValueError(
-            f"unknown {cls.__name__} field(s) {unknown}; valid fields: {', '.join(fields)}"
-        )
+        section = path or cls.__name__
+        raise ValueError(f"unknown {section} field(s) {unknown}; valid fields: {', '.join(fields)}")
     kwargs = {}
     for name, value in data.items():
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            kwargs[name] = from_dict(hint, value)
+            kwargs[name] = from_dict(hint, value, path=name)
         else:
-            kwargs[name] = _coerce(value, hint, where=f"{cls.__name__}.{name}")
+            kwargs[name] = _coerce(value, hint, where=f"{path}.{name}" if path else name)
     return cls(**kwargs)
 
 

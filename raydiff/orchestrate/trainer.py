@@ -37,6 +37,9 @@ def check_config(config: ExperimentConfig, *, resume: Path | None = None) -> Non
         class_cond=config.model.class_cond,
         num_classes=config.model.num_classes,
     )
+    init = config.train.init_checkpoint
+    if init and not Path(init).is_file():
+        raise FileNotFoundError(f"train.init_checkpoint={init!r} does not exist")
     if resume is not None and not (resume / "model.pt").is_file():
         raise FileNotFoundError(
             f"--resume {resume} is not a raydiff checkpoint directory (no model.pt in it)"
@@ -92,6 +95,12 @@ def run_training_job(
 
     Re-running with the same ``output_dir`` continues that run from its latest checkpoint.
     """
+    # Validate before Ray is even imported: a bad config must not start a cluster or a worker.
+    config = sync_data_config(from_dict(ExperimentConfig, config_dict))
+    out = Path(output_dir).expanduser().resolve()
+    resume_path = Path(resume).expanduser().resolve() if resume else None
+    check_config(config, resume=resume_path)
+
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -99,15 +108,11 @@ def run_training_job(
     from raydiff.orchestrate.sampler_actor import get_or_create_actor, kill_actor
     from raydiff.orchestrate.worker import train_loop_per_worker
 
-    config = sync_data_config(from_dict(ExperimentConfig, config_dict))
-    out = Path(output_dir).expanduser().resolve()
-    resume_path = Path(resume).expanduser().resolve() if resume else None
-    check_config(config, resume=resume_path)
     scaling = config.scaling
     ensure_ray(num_workers=scaling.num_workers, cpus_per_worker=scaling.cpus_per_worker)
 
     run_name = re.sub(r"[^A-Za-z0-9_.-]", "-", out.name)
-    if any(out.glob("checkpoint_*")):
+    if any(out.glob("checkpoint_0*")):
         logger.info("%s holds checkpoints: continuing that run from its latest one", out)
     if not show_data_progress:
         from ray.data import DataContext

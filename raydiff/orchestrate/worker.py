@@ -24,7 +24,8 @@ from raydiff.core.factory import create_gaussian_diffusion, create_model
 from raydiff.core.timestep_sampler import ScheduleSampler, UniformSampler
 from raydiff.data.pipeline import iterate_batches
 from raydiff.orchestrate.sampler_actor import ActorSyncedSampler
-from raydiff.train.checkpoint import load_checkpoint, write_checkpoint_files
+from raydiff.train.checkpoint import load_checkpoint, load_model_weights, write_checkpoint_files
+from raydiff.train.ema import EMA
 from raydiff.train.loop import ema_samples, sampling_diffusion, seed_everything
 from raydiff.train.sample_grid import save_grid
 from raydiff.train.trainer import MetricAccumulator, Trainer, format_eta, now
@@ -109,6 +110,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     elif loop_config.get("resume"):
         epoch = _restore(trainer, raw_model, load_checkpoint(Path(loop_config["resume"])), rank)
         logger.info("resumed from %s at step %d", loop_config["resume"], trainer.step)
+    elif config.train.init_checkpoint:
+        load_model_weights(raw_model, config.train.init_checkpoint)
+        trainer.ema = EMA(raw_model, config.optim.ema_rates())
+        logger.info("initialised the weights from %s", config.train.init_checkpoint)
 
     batches = iterate_batches(
         ray.train.get_dataset_shard("train"),

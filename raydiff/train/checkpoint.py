@@ -96,3 +96,32 @@ def latest_checkpoint(root: Path) -> Path | None:
         (int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_PATTERN.match(p.name))
     ]
     return max(found)[1] if found else None
+
+
+def load_model_weights(model: torch.nn.Module, path: str | Path) -> None:
+    """Load a model state dict file (raydiff or published improved-/guided-diffusion) strictly.
+
+    A mismatch means the config's model flags differ from the ones the weights were trained with;
+    the error lists the first differing keys and shapes.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"train.init_checkpoint={str(path)!r} does not exist")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+        state = state["model"]
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [
+        f"{k}: file {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in own
+        if k in state and tuple(state[k].shape) != tuple(own[k].shape)
+    ]
+    if missing or unexpected or shapes:
+        raise ValueError(
+            f"{path} does not match the configured model (set the model flags it was trained "
+            f"with, e.g. num_channels, num_res_blocks, learn_sigma, class_cond, channel_mult): "
+            f"missing {missing[:4]}, unexpected {unexpected[:4]}, shape mismatches {shapes[:4]}"
+        )
+    model.load_state_dict(state, strict=True)

@@ -25,7 +25,13 @@ from raydiff.config import ExperimentConfig, to_dict
 from raydiff.core.factory import create_gaussian_diffusion, create_model
 from raydiff.core.respace import SpacedDiffusion, space_timesteps
 from raydiff.core.timestep_sampler import create_named_schedule_sampler
-from raydiff.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from raydiff.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    load_model_weights,
+    save_checkpoint,
+)
+from raydiff.train.ema import EMA
 from raydiff.train.sample_grid import save_grid
 from raydiff.train.trainer import MetricAccumulator, Trainer, format_eta, now
 
@@ -150,6 +156,10 @@ def run_training(
         trainer.load_state_dict(state["trainer"])
         torch.set_rng_state(state["trainer"]["torch_rng"])
         logger.info("resumed from %s at step %d", resume, trainer.step)
+    elif config.train.init_checkpoint:
+        load_model_weights(model, config.train.init_checkpoint)
+        trainer.ema = EMA(model, config.optim.ema_rates())
+        logger.info("initialised the weights from %s", config.train.init_checkpoint)
 
     from torch.utils.tensorboard import SummaryWriter
 

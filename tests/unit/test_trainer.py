@@ -187,3 +187,31 @@ def test_wrong_batch_size_is_reported():
         TrainConfig(batch_size=10).per_worker_batch(3)
     with pytest.raises(ValueError, match="microbatch=4"):
         TrainConfig(batch_size=12, microbatch=4).per_worker_batch(2)
+
+
+def test_init_from_published_style_weights(tmp_path):
+    from raydiff.config import ModelConfig
+    from raydiff.core import create_model
+    from raydiff.train.checkpoint import load_model_weights
+
+    config = ModelConfig(
+        image_size=16,
+        in_channels=1,
+        num_channels=32,
+        channel_mult="1,2",
+        num_res_blocks=1,
+        attention_resolutions="8",
+    )
+    source = create_model(config, learn_sigma=True)
+    torch.save(
+        source.state_dict(), tmp_path / "ema_0.9999_250000.pt"
+    )  # improved-diffusion's format
+    target = create_model(config, learn_sigma=True)
+    load_model_weights(target, tmp_path / "ema_0.9999_250000.pt")
+    for (k, a), b in zip(source.state_dict().items(), target.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+    wrong = create_model(config, learn_sigma=False)  # flags differ from the weights'
+    with pytest.raises(ValueError, match=r"learn_sigma.*out\.2\.weight: file \(2, 32, 3, 3\)"):
+        load_model_weights(wrong, tmp_path / "ema_0.9999_250000.pt")
+    with pytest.raises(FileNotFoundError, match="init_checkpoint"):
+        load_model_weights(wrong, tmp_path / "missing.pt")

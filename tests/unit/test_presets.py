@@ -1,0 +1,39 @@
+"""The presets in configs/ load, validate, and build the published model sizes."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from raydiff.config import load_config
+from raydiff.core import create_model
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def num_params(config) -> int:
+    # On the meta device nothing is allocated: a 270M-parameter model costs nothing to count.
+    with torch.device("meta"):
+        model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_preset_loads_and_splits_its_batch(path):
+    config = load_config(str(path))
+    config.train.per_worker_batch(config.scaling.num_workers)
+
+
+@pytest.mark.parametrize(
+    "name,millions",
+    [("cifar10_hybrid", 52.5), ("cifar10_vlb", 52.5), ("imagenet64_cond", 270), ("demo", 1.2)],
+)
+def test_published_model_sizes(name, millions):
+    params = num_params(load_config(str(CONFIGS / f"{name}.yaml")))
+    assert params / 1e6 == pytest.approx(millions, rel=0.02)
+
+
+def test_demo_uses_the_measured_recipe():
+    config = load_config(str(CONFIGS / "demo.yaml"))
+    assert (config.model.image_size, config.model.in_channels) == (32, 1)
+    assert config.scaling.num_workers == 2

@@ -1,0 +1,100 @@
+"""Bad training configs fail before Ray starts or any worker runs, naming the field."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from raydiff.cli import main
+from raydiff.config import ExperimentConfig, apply_overrides, to_dict
+from raydiff.data import PrepareOptions, prepare_dataset
+from raydiff.orchestrate.trainer import check_config, run_training_job, sync_data_config
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checks")
+    images = np.random.default_rng(0).integers(0, 256, (40, 16, 16), np.uint8)
+    np.savez(root / "tiny.npz", images)
+    out = root / "data"
+    prepare_dataset(
+        PrepareOptions(
+            source=str(root / "tiny.npz"),
+            out=str(out),
+            image_size=16,
+            channels=1,
+            val_count=8,
+            num_workers=1,
+            progress=False,
+        )
+    )
+    return out
+
+
+def config(dataset, *overrides):
+    base = [
+        "model.image_size=16",
+        "model.in_channels=1",
+        "model.channel_mult=1,2",
+        "model.num_channels=32",
+        "model.attention_resolutions=8",
+        f"data.data_dir={dataset}",
+    ]
+    return sync_data_config(apply_overrides(ExperimentConfig(), [*base, *overrides]))
+
+
+def test_a_good_config_passes(dataset):
+    check_config(config(dataset))
+
+
+def test_batch_not_divisible_by_workers_and_microbatch(dataset):
+    with pytest.raises(ValueError, match=r"train.batch_size=10.*number of workers \(3\)"):
+        check_config(config(dataset, "train.batch_size=10", "scaling.num_workers=3"))
+    with pytest.raises(ValueError, match=r"train.batch_size=12.*microbatch=4"):
+        check_config(
+            config(dataset, "train.batch_size=12", "scaling.num_workers=2", "train.microbatch=4")
+        )
+
+
+def test_image_size_or_channels_unlike_the_shards(dataset):
+    with pytest.raises(ValueError, match=r"image_size mismatch.*16x16"):
+        check_config(config(dataset, "model.image_size=32", "model.attention_resolutions=16"))
+    with pytest.raises(ValueError, match="channels mismatch"):
+        check_config(config(dataset, "model.in_channels=3"))
+
+
+def test_missing_data_path(tmp_path, dataset):
+    with pytest.raises(FileNotFoundError, match=r"no manifest\.json.*raydiff prepare"):
+        check_config(config(dataset, f"data.data_dir={tmp_path / 'nowhere'}"))
+
+
+def test_missing_resume_and_init_paths(tmp_path, dataset):
+    with pytest.raises(FileNotFoundError, match="--resume"):
+        check_config(config(dataset), resume=tmp_path)
+    with pytest.raises(FileNotFoundError, match="init_checkpoint"):
+        check_config(config(dataset, f"train.init_checkpoint={tmp_path / 'x.pt'}"))
+
+
+def test_unknown_schedule_from_the_command_line(capsys):
+    assert main(["train", "--set", "noise_schedule=quadratic"]) == 1
+    assert "diffusion.noise_schedule='quadratic'" in capsys.readouterr().err
+
+
+def test_the_job_refuses_before_importing_ray(dataset, tmp_path):
+    """run_training_job validates first: no Ray import, no cluster, no worker."""
+    bad = to_dict(config(dataset, "train.batch_size=10", "scaling.num_workers=3"))
+    code = (
+        "import sys, json; from raydiff.orchestrate.trainer import run_training_job\n"
+        f"cfg = json.loads({__import__('json').dumps(__import__('json').dumps(bad))})\n"
+        "try:\n"
+        f"    run_training_job(cfg, output_dir={str(tmp_path / 'run')!r})\n"
+        "except ValueError as e:\n"
+        "    assert 'train.batch_size' in str(e), e\n"
+        "    assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules)\n"
+        "    print('refused')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "refused" in out.stdout
+    assert not (tmp_path / "run").exists()
+    assert run_training_job is not None
