@@ -49,7 +49,9 @@ def bound_terms(
     """
     vb_sum = torch.zeros(x_start.shape[0], device=x_start.device)
     mse_sum = torch.zeros_like(vb_sum)
-    for step in timesteps.tolist():
+    # Walk t downwards like calc_bpd_loop, so with K = T and the same generator both draw the
+    # same noise and give the same number.
+    for step in sorted(timesteps.tolist(), reverse=True):
         t = torch.full((x_start.shape[0],), step, device=x_start.device, dtype=torch.long)
         noise = torch.randn(
             x_start.shape, generator=generator, device=generator.device if generator else None
