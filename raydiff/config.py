@@ -415,6 +415,22 @@ class ExperimentConfig:
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     """Workers, resources and failure handling on Ray."""
 
+    def __post_init__(self) -> None:
+        # The data pipeline needs the model's image geometry and the run's seed; they are
+        # derived here so that a config cannot disagree with itself.
+        for data_field, source in DATA_FIELDS_DERIVED.items():
+            section, name = source.split(".")
+            setattr(self.data, data_field, getattr(getattr(self, section), name))
+
+
+DATA_FIELDS_DERIVED = {
+    "image_size": "model.image_size",
+    "channels": "model.in_channels",
+    "class_cond": "model.class_cond",
+    "seed": "train.seed",
+}
+"""DataConfig fields that an ExperimentConfig derives from other sections."""
+
 
 # ---------------------------------------------------------------------- dict round trip
 
@@ -509,6 +525,7 @@ def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
 def _resolve_key(cls: type, key: str) -> list[str]:
     hints = typing.get_type_hints(cls)
     sections = {n: h for n, h in hints.items() if dataclasses.is_dataclass(h)}
+    derived = DATA_FIELDS_DERIVED if cls is ExperimentConfig else {}
     if "." in key:
         section, _, name = key.partition(".")
         if section not in sections:
@@ -516,8 +533,14 @@ def _resolve_key(cls: type, key: str) -> list[str]:
         names = [f.name for f in dataclasses.fields(sections[section])]
         if name not in names:
             raise ValueError(f"unknown field {key!r}; valid {section} fields: {', '.join(names)}")
+        if section == "data" and name in derived:
+            raise ValueError(f"{key} follows {derived[name]}; set {derived[name]} instead")
         return [section, name]
-    owners = [s for s, h in sections.items() if key in {f.name for f in dataclasses.fields(h)}]
+    owners = [
+        s
+        for s, h in sections.items()
+        if key in {f.name for f in dataclasses.fields(h)} and not (s == "data" and key in derived)
+    ]
     if len(owners) == 1:
         return [owners[0], key]
     if not owners:

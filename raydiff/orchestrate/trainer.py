@@ -22,11 +22,6 @@ logger = logging.getLogger(__name__)
 def check_config(config: ExperimentConfig, *, resume: Path | None = None) -> None:
     """Everything that can be checked before a worker starts; raises ValueError naming the field."""
     config.train.per_worker_batch(config.scaling.num_workers)
-    if config.data.image_size != config.model.image_size:
-        raise ValueError(
-            f"data.image_size={config.data.image_size} differs from model.image_size="
-            f"{config.model.image_size}"
-        )
     manifest = load_manifest(config.data.data_dir)  # FileNotFoundError names the missing path
     from raydiff.data.manifest import check_compatible
 
@@ -47,17 +42,12 @@ def check_config(config: ExperimentConfig, *, resume: Path | None = None) -> Non
 
 
 def sync_data_config(config: ExperimentConfig) -> ExperimentConfig:
-    """The data section takes the model's image geometry and the run's seed."""
-    config.data.image_size = config.model.image_size
-    config.data.channels = config.model.in_channels
-    config.data.class_cond = config.model.class_cond
-    config.data.seed = config.train.seed
+    """Make the data path absolute: workers chdir into their own run folder."""
     config.data.data_dir = _absolute(config.data.data_dir)
     return config
 
 
 def _absolute(uri: str) -> str:
-    # Workers chdir into their own run folder: local paths must be absolute.
     return uri if "://" in uri else str(Path(uri).expanduser().resolve())
 
 

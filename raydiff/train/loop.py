@@ -3,7 +3,7 @@
 This is what ``raydiff train`` runs until the Ray Train layer lands, and the baseline that the
 Ray overhead benchmark compares against. Output layout under ``output_dir``::
 
-    checkpoints/checkpoint_NNNNNN/   complete checkpoints (see raydiff.train.checkpoint)
+    checkpoint_NNNNNN/               complete checkpoints (see raydiff.train.checkpoint)
     samples/samples_NNNNNN.png       EMA sample grids (DDIM)
     tensorboard/                     TensorBoard event files (all scalars, sample grids)
     config.json                      the resolved config
@@ -145,7 +145,7 @@ def run_training(
         diffusion.loss_type.name,
     )
 
-    ckpt_root = output_dir / "checkpoints"
+    ckpt_root = output_dir  # the same layout as a Ray Train run: DIR/checkpoint_NNNNNN
     resume = resume or latest_checkpoint(ckpt_root)
     if resume is not None:
         state = load_checkpoint(resume)

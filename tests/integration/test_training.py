@@ -47,8 +47,6 @@ def tiny_config(data_dir: Path, **overrides: object) -> dict:
         "scaling.cpus_per_worker=0.5",
         "scaling.sampler_refresh_interval=2",
         f"data.data_dir={data_dir}",
-        "data.image_size=16",
-        "data.channels=1",
     ]
     base += [f"{k}={v}" for k, v in overrides.items()]
     return to_dict(apply_overrides(ExperimentConfig(), base))

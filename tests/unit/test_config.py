@@ -95,3 +95,11 @@ def test_flags_of_a_published_model():
         }
     )
     assert cfg.model.num_res_blocks == 3 and cfg.diffusion.diffusion_steps == 4000
+
+
+def test_data_geometry_follows_the_model():
+    cfg = apply_overrides(ExperimentConfig(), ["image_size=32", "in_channels=1", "seed=7"])
+    assert (cfg.data.image_size, cfg.data.channels, cfg.data.seed) == (32, 1, 7)
+    with pytest.raises(ValueError, match=r"data\.image_size follows model\.image_size"):
+        apply_overrides(ExperimentConfig(), ["data.image_size=32"])
+    assert from_dict(ExperimentConfig, to_dict(cfg)) == cfg

@@ -1,0 +1,190 @@
+"""``manifest.json``: what a prepared dataset holds, read locally or from object storage."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raydiff.data.shards import ShardInfo, file_sha256
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """The shards of one split."""
+
+    num_rows: int
+    shards: list[ShardInfo]
+    class_counts: dict[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class BadImage:
+    """One image that prepare skipped, and why."""
+
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A prepared dataset. ``root`` (not stored) is where it was loaded from."""
+
+    format_version: int
+    raydiff_version: str
+    created_utc: str
+    source: dict[str, str]
+    image_size: int
+    channels: int
+    fit: str
+    num_images: int
+    classes: list[str] | None
+    splits: dict[str, SplitInfo]
+    num_bad: int
+    bad_examples: list[BadImage]
+    options: dict[str, Any] = field(default_factory=dict)
+    root: str = field(default="", compare=False)
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (0 for an unlabelled dataset)."""
+        return len(self.classes) if self.classes else 0
+
+    def shard_uris(self, split: str) -> list[str]:
+        """Absolute paths or URIs of the shards of ``split``."""
+        if split not in self.splits:
+            raise ValueError(
+                f"split {split!r} is not in the dataset at {self.root!r}; "
+                f"valid splits: {', '.join(self.splits)}"
+            )
+        base = self.root.rstrip("/")
+        return [f"{base}/{shard.path}" for shard in self.splits[split].shards]
+
+    def to_json(self) -> str:
+        """The manifest as stored (``root`` left out: a dataset can be moved or uploaded)."""
+        data = asdict(self)
+        data.pop("root")
+        return json.dumps(data, indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, root: str = "") -> Manifest:
+        """Parse a stored manifest; refuses format versions this raydiff does not know."""
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(
+                f"manifest at {root!r} has format_version={version!r}; this raydiff reads "
+                f"version {FORMAT_VERSION}: prepare the dataset again"
+            )
+        splits = {
+            name: SplitInfo(
+                num_rows=info["num_rows"],
+                shards=[ShardInfo(**shard) for shard in info["shards"]],
+                class_counts=info.get("class_counts"),
+            )
+            for name, info in data["splits"].items()
+        }
+        return cls(
+            format_version=version,
+            raydiff_version=data["raydiff_version"],
+            created_utc=data["created_utc"],
+            source=data["source"],
+            image_size=data["image_size"],
+            channels=data["channels"],
+            fit=data.get("fit", "resize"),
+            num_images=data["num_images"],
+            classes=data["classes"],
+            splits=splits,
+            num_bad=data["num_bad"],
+            bad_examples=[BadImage(**bad) for bad in data["bad_examples"]],
+            options=data.get("options", {}),
+            root=root,
+        )
+
+
+def is_remote(uri: str) -> bool:
+    """True for URIs with a scheme other than ``file://`` (s3://, gs://, hdfs://, ...)."""
+    return "://" in uri and not uri.startswith("file://")
+
+
+def resolve_root(uri: str) -> str:
+    """An absolute local path (training workers chdir elsewhere) or the remote URI unchanged."""
+    if is_remote(uri):
+        return uri.rstrip("/")
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    return str(Path(uri).expanduser().resolve())
+
+
+def load_manifest(uri: str) -> Manifest:
+    """Read ``manifest.json`` from a dataset folder given as a local path or a remote URI."""
+    root = resolve_root(uri)
+    hint = f"prepare one with `raydiff prepare SOURCE --out {uri}`"
+    if is_remote(root):
+        import pyarrow.fs
+
+        filesystem, path = pyarrow.fs.FileSystem.from_uri(root)
+        info = filesystem.get_file_info(f"{path}/{MANIFEST_NAME}")
+        if info.type == pyarrow.fs.FileType.NotFound:
+            raise FileNotFoundError(f"no {MANIFEST_NAME} at {root!r}: {hint}")
+        with filesystem.open_input_stream(f"{path}/{MANIFEST_NAME}") as f:
+            text = f.read().decode("utf-8")
+    else:
+        manifest_path = Path(root) / MANIFEST_NAME
+        if not manifest_path.is_file():
+            raise FileNotFoundError(f"no {MANIFEST_NAME} in {root!r}: {hint}")
+        text = manifest_path.read_text(encoding="utf-8")
+    return Manifest.from_dict(json.loads(text), root=root)
+
+
+def check_compatible(
+    manifest: Manifest,
+    *,
+    image_size: int,
+    channels: int,
+    class_cond: bool = False,
+    num_classes: int | None = None,
+) -> None:
+    """Refuse a dataset that does not match the model, before any worker starts.
+
+    Raises ValueError naming the mismatched field, both values, and the way out.
+    """
+    where = manifest.root or "the dataset"
+    if manifest.image_size != image_size:
+        raise ValueError(
+            f"image_size mismatch: the model expects {image_size} but {where} holds "
+            f"{manifest.image_size}x{manifest.image_size} images; set image_size="
+            f"{manifest.image_size} or prepare again with --image-size {image_size}"
+        )
+    if manifest.channels != channels:
+        raise ValueError(
+            f"channels mismatch: the model expects {channels} but {where} holds "
+            f"{manifest.channels}-channel images; prepare again with --channels {channels}"
+        )
+    if class_cond:
+        if not manifest.classes:
+            raise ValueError(
+                f"class_cond=True but {where} has no labels; prepare it with --labels "
+                "prefix|folder (image folders) or use a labelled IDX/.npz source"
+            )
+        if num_classes is not None and manifest.num_classes > num_classes:
+            raise ValueError(
+                f"num_classes mismatch: the model has {num_classes} classes but {where} has "
+                f"{manifest.num_classes}: set num_classes={manifest.num_classes}"
+            )
+
+
+def verify_shards(manifest: Manifest) -> None:
+    """Check every local shard's size and SHA-256 against the manifest (raises ValueError)."""
+    if is_remote(manifest.root):
+        raise ValueError("verify_shards reads local datasets only; download the dataset first")
+    for split, info in manifest.splits.items():
+        for shard in info.shards:
+            path = Path(manifest.root) / shard.path
+            if not path.is_file():
+                raise ValueError(f"shard {shard.path} of split {split!r} is missing")
+            if path.stat().st_size != shard.num_bytes or file_sha256(path) != shard.sha256:
+                raise ValueError(f"shard {shard.path} of split {split!r} fails its checksum")

@@ -1,0 +1,93 @@
+"""One real local Ray cluster for the whole integration session, and a tiny prepared dataset.
+
+Starting Ray costs 2-3 s and a Train run 10-20 s here, so every integration test shares the
+``ray_cluster`` fixture instead of starting its own. The cluster claims 4 logical CPUs on a
+2-core machine so that two Train workers at 0.5 CPU leave room for Ray Data's read and decode
+tasks (see docs/ray-notes.md: workers that take every CPU starve Ray Data and hang the run).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class TinyDataset:
+    """What ``tiny_dataset`` made (tests read these instead of importing this conftest)."""
+
+    path: Path
+    image_size: int = 16
+    channels: int = 1
+    num_classes: int = 10
+    num_train: int = 288  # 288 train + 32 val: both split evenly over 2 workers and batch 16
+    num_val: int = 32
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """``ray.init(num_cpus=4)`` once per session; shut down at the end."""
+    # Set before ray.init: the raylet and every worker inherit this environment.
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # throwaway cluster: no token files
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # report() is a barrier
+    # Workers import raydiff (and the functions Ray ships to them) from the checkout.
+    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+
+    import ray
+    import ray.data
+
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        configure_logging=True,
+    )
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> TinyDataset:
+    """A prepared 16x16x1, 10-class dataset: 288 train and 32 val rows in 16-row shards.
+
+    Made from an .npz whose pixel (0, 0) holds the class id, so tests can check labels against
+    pixels. Many small shards give many blocks, so block-order shuffling is visible.
+    """
+    from raydiff.data import PrepareOptions, prepare_dataset
+
+    root = tmp_path_factory.mktemp("tiny")
+    tiny = TinyDataset(path=root / "dataset")
+    num_images = tiny.num_train + tiny.num_val
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (num_images, tiny.image_size, tiny.image_size), np.uint8)
+    labels = np.arange(num_images) % tiny.num_classes
+    images[:, 0, 0] = labels
+    np.savez(root / "tiny.npz", images, labels)
+    prepare_dataset(
+        PrepareOptions(
+            source=str(root / "tiny.npz"),
+            out=str(tiny.path),
+            image_size=tiny.image_size,
+            channels=tiny.channels,
+            val_count=tiny.num_val,
+            shard_max_rows=16,
+            num_workers=1,
+            progress=False,
+        )
+    )
+    return tiny
