@@ -59,18 +59,21 @@ def ensure_ray(*, num_workers: int, cpus_per_worker: float) -> None:
         return
     # The dashboard's Train page needs state tracking switched on in the driver.
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"])
+    address = os.environ.get("RAY_ADDRESS", "")
+    if address and address != "local":
+        ray.init(address=address)
         return
-    try:
-        ray.init(address="auto")
-        logger.info("connected to the running Ray cluster")
-        return
-    except ConnectionError:
-        pass
-    # Training workers must not take every CPU or Ray Data has none left to decode with.
+    if not address:
+        try:
+            ray.init(address="auto")
+            logger.info("connected to the running Ray cluster")
+            return
+        except ConnectionError:
+            pass
+    # A new local instance (RAY_ADDRESS=local forces one). Training workers must not take every
+    # CPU or Ray Data has none left to decode with, hence the spare logical CPUs.
     needed = math.ceil(num_workers * cpus_per_worker) + 2
-    ray.init(num_cpus=max(os.cpu_count() or 1, needed))
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, needed))
     logger.info("started a local Ray instance (dashboard: http://127.0.0.1:8265)")
 
 
