@@ -1,6 +1,6 @@
 # raydiff developer entry points. `make demo` and `make test` each set the machine up first
 # (virtualenv, pinned packages, dataset) through scripts/setup.sh.
-.PHONY: setup demo test test-unit test-integration test-slow lint format bench constraints
+.PHONY: setup demo test test-unit test-integration test-slow lint format bench bench-data bench-overhead data constraints
 
 
 setup:
@@ -36,3 +36,12 @@ constraints:
 	  echo "# pyproject.toml keeps loose lower bounds for users. Regenerate with: make constraints"; \
 	  "$$py" -m pip freeze --exclude-editable | sed -E 's/^torch==([0-9.]+)\+cpu$$/torch==\1/'; \
 	} > constraints.txt
+
+data:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" jobs/prepare.py fashion-mnist --out data/fashion-mnist
+
+bench-data:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" bench/data_ingest.py
+
+bench-overhead:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" bench/train_overhead.py

@@ -221,6 +221,14 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
                 checkpoint_dir_name=f"checkpoint_{trainer.step:06d}",
             )
 
+    if trainer.step >= max_steps:
+        logger.info(
+            "the run is already at step %d >= train.max_steps=%d: nothing to do (raise "
+            "--max-steps to continue it, or choose another --output for a new run)",
+            trainer.step,
+            max_steps,
+        )
+        return {"step": trainer.step}
     raw_model.train()
     while trainer.step < max_steps:
         wait_start = now()
