@@ -28,7 +28,7 @@ from raydiff.train.checkpoint import load_checkpoint, load_model_weights, write_
 from raydiff.train.ema import EMA
 from raydiff.train.loop import ema_samples, sampling_diffusion, seed_everything
 from raydiff.train.sample_grid import save_grid
-from raydiff.train.trainer import MetricAccumulator, Trainer, format_eta, now
+from raydiff.train.trainer import MetricAccumulator, ThroughputWindow, Trainer, format_eta, now
 from raydiff.train.validation import estimate_bpd, stratified_timesteps
 
 logger = logging.getLogger(__name__)
@@ -53,10 +53,12 @@ def _broadcast_from_rank0(tensor: torch.Tensor) -> None:
 def _all_reduce_sum(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return values
+    # One collective for everything: flatten, reduce, split back.
     keys = sorted(values)
-    packed = torch.stack([values[k].double() for k in keys])
+    flat = [values[k].double().reshape(-1) for k in keys]
+    packed = torch.cat(flat)
     dist.all_reduce(packed)
-    return dict(zip(keys, packed, strict=True))
+    return dict(zip(keys, torch.split(packed, [f.numel() for f in flat]), strict=True))
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
@@ -135,7 +137,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     image_shape = (config.model.in_channels, config.model.image_size, config.model.image_size)
     num_classes = config.model.num_classes if config.model.class_cond else None
     max_steps = config.train.max_steps
-    window_start, window_steps, data_wait = now(), 0, 0.0
+    window = ThroughputWindow(config.train.batch_size)
+    step_losses: list[tuple[int, torch.Tensor]] = []  # per-step scalars, written at log steps
     run_start, start_step = now(), trainer.step
     last_report: dict[str, Any] = {}
 
@@ -231,18 +234,17 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         return {"step": trainer.step}
     raw_model.train()
     while trainer.step < max_steps:
-        wait_start = now()
+        window.begin()
         epoch, batch = next(batches)
-        data_wait += now() - wait_start
+        window.data_ready()
         cond = {"y": batch["y"]} if "y" in batch else {}
         result = trainer.train_step(batch["x"], cond)
+        window.end()
         metrics.add_step(result)
-        window_steps += 1
         step = trainer.step
         last = step == max_steps
         if writer is not None:
-            writer.add_scalar("train/loss_step", float(result.losses["loss"].mean()), step)
-            writer.add_scalar("train/lr", result.lr, step)
+            step_losses.append((step, result.losses["loss"].mean()))
         is_log = step % config.train.log_interval == 0 or last
         is_save = step % config.train.save_interval == 0 or last
         is_eval = (config.train.eval_interval and step % config.train.eval_interval == 0) or last
@@ -253,7 +255,6 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
             continue
         report_metrics: dict[str, Any] = {}
         if is_log or is_save:
-            elapsed = now() - window_start
             # Loss terms over every rank's samples (grad_norm is identical on all ranks).
             report_metrics = metrics.flush(reduce=_all_reduce_sum)
             report_metrics.update(
@@ -262,17 +263,17 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
                 lr=result.lr,
                 loss_scale=result.loss_scale,
                 skipped_steps=trainer.skipped_steps,
-                step_time=elapsed / max(window_steps, 1),
-                images_per_s=window_steps * config.train.batch_size / elapsed,
-                data_wait_fraction=data_wait / elapsed,
+                **window.read(),
             )
-            window_start, window_steps, data_wait = now(), 0, 0.0
         if is_eval:
             report_metrics.update(evaluate())
             report_metrics.setdefault("step", step)
         if is_sample:
             sample_grid()
         if writer is not None:
+            for logged_step, loss in step_losses:
+                writer.add_scalar("train/loss_step", float(loss), logged_step)
+            step_losses.clear()
             for key, value in report_metrics.items():
                 if key != "step":
                     writer.add_scalar(f"train/{key}", value, step)

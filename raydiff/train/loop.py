@@ -33,7 +33,7 @@ from raydiff.train.checkpoint import (
 )
 from raydiff.train.ema import EMA
 from raydiff.train.sample_grid import save_grid
-from raydiff.train.trainer import MetricAccumulator, Trainer, format_eta, now
+from raydiff.train.trainer import MetricAccumulator, ThroughputWindow, Trainer, format_eta, now
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def run_training(
     num_classes = config.model.num_classes if config.model.class_cond else None
     epoch = 0
     last_report: dict[str, Any] = {}
-    window_start, window_steps, data_wait = now(), 0, 0.0
+    window = ThroughputWindow(config.train.batch_size)
     run_start, start_step = now(), trainer.step
 
     def checkpoint() -> Path:
@@ -204,16 +204,14 @@ def run_training(
 
     model.train()
     while trainer.step < config.train.max_steps:
-        wait_start = now()
+        window.begin()
         epoch, x, cond = next(batches)
-        data_wait += now() - wait_start
+        window.data_ready()
         result = trainer.train_step(x, cond)
+        window.end()
         metrics.add_step(result)
-        window_steps += 1
         step = trainer.step
-        writer.add_scalar("train/loss", float(result.losses["loss"].mean()), step)
         if step % config.train.log_interval == 0 or step == config.train.max_steps:
-            elapsed = now() - window_start
             report = metrics.flush()
             report.update(
                 step=step,
@@ -221,12 +219,10 @@ def run_training(
                 lr=result.lr,
                 loss_scale=result.loss_scale,
                 skipped_steps=trainer.skipped_steps,
-                step_time=elapsed / window_steps,
-                images_per_s=window_steps * config.train.batch_size / elapsed,
-                data_wait_fraction=data_wait / elapsed,
+                **window.read(),
             )
             for key, value in report.items():
-                if key not in ("step",):
+                if key != "step":
                     writer.add_scalar(f"train/{key}", value, step)
             done = step - start_step
             eta = (now() - run_start) / max(done, 1) * (config.train.max_steps - step)
@@ -241,7 +237,6 @@ def run_training(
                 format_eta(eta),
             )
             last_report = report
-            window_start, window_steps, data_wait = now(), 0, 0.0
         if step % config.train.save_interval == 0 and step < config.train.max_steps:
             logger.info("saved %s", checkpoint())
         if config.train.sample_interval and step % config.train.sample_interval == 0:

@@ -215,3 +215,29 @@ def test_init_from_published_style_weights(tmp_path):
         load_model_weights(wrong, tmp_path / "ema_0.9999_250000.pt")
     with pytest.raises(FileNotFoundError, match="init_checkpoint"):
         load_model_weights(wrong, tmp_path / "missing.pt")
+
+
+def test_metric_means_per_quartile_and_reduction():
+    from raydiff.train.trainer import MetricAccumulator, StepResult
+
+    acc = MetricAccumulator(num_timesteps=100)
+    losses = torch.tensor([1.0, 2.0, 3.0, 5.0])
+    result = StepResult(
+        stepped=True,
+        losses={"loss": losses},
+        timesteps=torch.tensor([0, 10, 60, 99]),
+        grad_norm=torch.tensor(2.0),
+        lr=1e-3,
+        loss_scale=1.0,
+    )
+    acc.add_step(result)
+    acc.add_step(result)
+    out = acc.flush()
+    assert out["loss"] == pytest.approx(2.75)
+    assert out["loss_q0"] == pytest.approx(1.5) and out["loss_q2"] == pytest.approx(3.0)
+    assert out["loss_q3"] == pytest.approx(5.0) and "loss_q1" not in out  # no sample in q1
+    assert out["grad_norm"] == pytest.approx(2.0)
+    acc.add_step(result)
+    doubled = acc.flush(reduce=lambda packed: {k: v * 2 for k, v in packed.items()})
+    assert doubled["loss"] == pytest.approx(2.75)  # sums and counts both reduced
+    assert acc.flush() == {}
