@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     num_classes = config.model.num_classes if config.model.class_cond else None
     max_steps = config.train.max_steps
     window = ThroughputWindow(config.train.batch_size)
-    step_losses: list[tuple[int, torch.Tensor]] = []  # per-step scalars, written at log steps
+    # Per-step losses, written at log steps with the wall time of their step (no host sync).
+    step_losses: list[tuple[int, torch.Tensor, float]] = []
     run_start, start_step = now(), trainer.step
     last_report: dict[str, Any] = {}
 
@@ -244,7 +246,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         step = trainer.step
         last = step == max_steps
         if writer is not None:
-            step_losses.append((step, result.losses["loss"].mean()))
+            step_losses.append((step, result.losses["loss"].mean(), time.time()))
         is_log = step % config.train.log_interval == 0 or last
         is_save = step % config.train.save_interval == 0 or last
         is_eval = (config.train.eval_interval and step % config.train.eval_interval == 0) or last
@@ -271,8 +273,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         if is_sample:
             sample_grid()
         if writer is not None:
-            for logged_step, loss in step_losses:
-                writer.add_scalar("train/loss_step", float(loss), logged_step)
+            for logged_step, loss, wall_time in step_losses:
+                writer.add_scalar("train/loss_step", float(loss), logged_step, walltime=wall_time)
             step_losses.clear()
             for key, value in report_metrics.items():
                 if key != "step":
