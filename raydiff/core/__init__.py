@@ -22,6 +22,7 @@ from raydiff.core.losses import (
     mean_flat,
     normal_kl,
 )
+from raydiff.core.nn_layers import timestep_embedding
 from raydiff.core.respace import SpacedDiffusion, space_timesteps
 from raydiff.core.schedules import betas_for_alpha_bar, get_named_beta_schedule
 from raydiff.core.timestep_sampler import (
@@ -33,8 +34,10 @@ from raydiff.core.timestep_sampler import (
     UniformSampler,
     create_named_schedule_sampler,
 )
+from raydiff.core.unet import EncoderUNetModel, SuperResModel, UNetModel
 
 __all__ = [
+    "EncoderUNetModel",
     "GaussianDiffusion",
     "LossAwareSampler",
     "LossSecondMomentResampler",
@@ -44,7 +47,9 @@ __all__ = [
     "ModelVarType",
     "ScheduleSampler",
     "SpacedDiffusion",
+    "SuperResModel",
     "TorchDistributedLossSync",
+    "UNetModel",
     "UniformSampler",
     "approx_standard_normal_cdf",
     "betas_for_alpha_bar",
@@ -57,4 +62,5 @@ __all__ = [
     "mean_flat",
     "normal_kl",
     "space_timesteps",
+    "timestep_embedding",
 ]

@@ -186,6 +186,8 @@ class Trainer:
             lr=optim.lr,
             weight_decay=optim.weight_decay,
             betas=(betas[0], betas[1]),
+            # One fused kernel instead of ~10 ops per parameter: 3x faster on CPU here.
+            fused=True,
         )
         self.ema = EMA(self.raw_model, optim.ema_rates())
         self.step = 0  # optimiser steps taken (skipped ones included)
