@@ -55,7 +55,15 @@ def qkv_attention(qkv: torch.Tensor, num_heads: int, *, new_order: bool) -> torc
         q, k, v = qkv.view(batch, length, num_heads, 3, ch).unbind(3)  # 3 x [B, T, H, ch]
     # [B, H, T, ch] views; SDPA's default scale 1/sqrt(ch) equals the originals' ch**-0.25 on
     # both q and k.
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if qkv.device.type == "cpu" and qkv.dtype in (torch.bfloat16, torch.float16):
+        # The CPU flash-attention kernels are slower in half precision than in fp32 (bf16
+        # backward: 2x here), and the originals compute the softmax in fp32 anyway.
+        out_dtype = qkv.dtype
+        with torch.autocast("cpu", enabled=False):
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(out_dtype)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v)
     return out.transpose(1, 2).reshape(batch, length, num_heads * ch)  # [B, T, H * ch]
 
 
