@@ -43,7 +43,14 @@ def _configure_logging(rank: int) -> None:
     package.handlers[:] = [handler]
     package.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     package.propagate = False
-    # Ray Train logs every report at INFO from every rank; keep its warnings only.
+    # Ray Train logs every report at INFO from every rank (its logger is named after its file);
+    # keep its warnings only.
+    try:
+        import ray.train.v2._internal.execution.context as train_context
+
+        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+    except ImportError:  # another Ray version: its logs stay as they are
+        pass
     logging.getLogger("ray.train").setLevel(logging.WARNING)
 
 
@@ -75,9 +82,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     device = ray.train.torch.get_device()
 
     model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
-    wrapped = ray.train.torch.prepare_model(
-        model, parallel_strategy_kwargs={"broadcast_buffers": False}
-    )
+    # DDP when world size > 1 (the UNet has no buffers, so DDP's buffer syncing is moot).
+    wrapped = ray.train.torch.prepare_model(model)
     raw_model = wrapped.module if hasattr(wrapped, "module") else wrapped
     diffusion = create_gaussian_diffusion(config.diffusion)
     sampler: ScheduleSampler
