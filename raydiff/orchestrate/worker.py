@@ -156,8 +156,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         if shard is None:
             return {}
         per_rank = max(1, config.train.eval_num_images // world_size)
-        rate = trainer.ema.rates[0] if trainer.ema.rates else None
-        weights = trainer.ema.state_dict_for(rate, raw_model) if rate else raw_model.state_dict()
+        weights = trainer.eval_weights()
         current = {k: v.detach().clone() for k, v in raw_model.state_dict().items()}
         raw_model.load_state_dict(weights)
         raw_model.eval()
@@ -189,8 +188,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     def sample_grid() -> None:
         if rank != 0:
             return
-        rate = trainer.ema.rates[0] if trainer.ema.rates else None
-        weights = trainer.ema.state_dict_for(rate, raw_model) if rate else raw_model.state_dict()
+        weights = trainer.eval_weights()
         images = ema_samples(
             model=raw_model,
             ema_state=weights,

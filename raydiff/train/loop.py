@@ -186,8 +186,7 @@ def run_training(
         )
 
     def sample_grid() -> Path:
-        rate = trainer.ema.rates[0] if trainer.ema.rates else None
-        weights = trainer.ema.state_dict_for(rate, model) if rate else model.state_dict()
+        weights = trainer.eval_weights()
         images = ema_samples(
             model=model,
             ema_state=weights,

@@ -307,6 +307,12 @@ class Trainer:
                 "overflows. Use precision=bf16 or fp32, lower optim.lr, or set optim.grad_clip."
             )
 
+    def eval_weights(self) -> dict[str, torch.Tensor]:
+        """Weights for validation and samples: the first EMA rate's, or the model's without EMA."""
+        if not self.ema.rates:
+            return {k: v.detach().clone() for k, v in self.raw_model.state_dict().items()}
+        return self.ema.state_dict_for(self.ema.rates[0], self.raw_model)
+
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
