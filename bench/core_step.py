@@ -98,7 +98,17 @@ class Stepper:
             rescale_timesteps=True,
         )
         self.sampler = lib.UniformSampler(self.diffusion)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.0)
+        if self.impl == "raydiff":
+            # What raydiff's Trainer steps with (fused AdamW); the reference keeps torch's default
+            # AdamW, as improved-diffusion's TrainLoop builds it.
+            from raydiff.config import OptimConfig
+            from raydiff.train.optimizer import build_optimizer
+
+            self.opt = build_optimizer(
+                self.model.parameters(), optim=OptimConfig(lr=1e-4, weight_decay=0.0)
+            )
+        else:
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.0)
         self.scaler = torch.amp.GradScaler("cpu") if self.dtype == torch.float16 else None
         self.net: Callable[..., torch.Tensor] = (
             torch.compile(self.model) if self.compile else self.model

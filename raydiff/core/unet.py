@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from raydiff.core.attention import AttentionBlock, AttentionPool2d
+from raydiff.core.dropout import FastDropout
 from raydiff.core.nn_layers import (
     MIN_SIZE_FOR_UPSAMPLE_DECOMPOSITION,
     NUM_NORM_GROUPS,
@@ -210,7 +211,7 @@ class ResBlock(TimestepBlock):
         self.out_layers = nn.Sequential(
             normalization(self.out_channels),
             nn.SiLU(),
-            nn.Dropout(p=dropout),
+            FastDropout(p=dropout),
             zero_module(conv_nd(dims, self.out_channels, self.out_channels, 3, padding=1)),
         )
 

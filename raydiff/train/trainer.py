@@ -21,6 +21,7 @@ from raydiff.config import OptimConfig, TrainConfig
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import LossSync, ScheduleSampler
 from raydiff.train.ema import EMA
+from raydiff.train.optimizer import build_optimizer
 from raydiff.train.precision import PrecisionPolicy
 
 logger = logging.getLogger(__name__)
@@ -180,15 +181,7 @@ class Trainer:
         self.precision = PrecisionPolicy(
             train.precision, device=device, init_scale=train.initial_loss_scale
         )
-        betas = optim.adam_beta_tuple()
-        self.optimizer = torch.optim.AdamW(
-            self.raw_model.parameters(),
-            lr=optim.lr,
-            weight_decay=optim.weight_decay,
-            betas=(betas[0], betas[1]),
-            # One fused kernel instead of ~10 ops per parameter: 3x faster on CPU here.
-            fused=True,
-        )
+        self.optimizer = build_optimizer(self.raw_model.parameters(), optim=optim)
         self.ema = EMA(self.raw_model, optim.ema_rates())
         self.step = 0  # optimiser steps taken (skipped ones included)
         self.skipped_steps = 0

@@ -193,3 +193,29 @@ def test_sdpa_default_scale_is_fourth_root_on_q_and_k() -> None:
     s = 16**-0.25
     manual = torch.softmax((q * s) @ (k * s).transpose(-1, -2), dim=-1) @ v
     torch.testing.assert_close(ours, manual, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("new_order", [False, True])
+def test_bf16_cpu_attention_matches_the_originals_half_precision_formula(new_order: bool) -> None:
+    # bf16 on CPU takes the bmm + softmax path; it must agree with the originals' einsum run in
+    # bf16 (softmax in fp32) as closely as two bf16 computations of the same thing can, and with
+    # the fp32 result to bf16 precision.
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 3 * 4 * 16, 64)
+    attend = QKVAttention(4) if new_order else QKVAttentionLegacy(4)
+    formula = new_order_einsum_attention if new_order else legacy_einsum_attention
+    out = attend(qkv.bfloat16())
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), formula(qkv.bfloat16(), 4).float(), rtol=0, atol=0.03)
+    torch.testing.assert_close(out.float(), formula(qkv, 4), rtol=0, atol=0.03)
+
+
+def test_bf16_cpu_attention_gradients_match_fp32() -> None:
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 64, 3 * 2 * 16, requires_grad=True)  # token-major [B, T, 3 * H * ch]
+    grad_out = torch.randn(2, 64, 2 * 16)
+    (grad_fp32,) = torch.autograd.grad(qkv_attention(qkv, 2, new_order=False), qkv, grad_out)
+    out_bf16 = qkv_attention(qkv.bfloat16(), 2, new_order=False)
+    (grad_bf16,) = torch.autograd.grad(out_bf16, qkv, grad_out.bfloat16())
+    assert grad_bf16.dtype == torch.float32  # flows back through the cast to the fp32 leaf
+    torch.testing.assert_close(grad_bf16, grad_fp32, rtol=0, atol=0.05)

@@ -262,6 +262,25 @@ def test_group_norm32_computes_in_float32() -> None:
     torch.testing.assert_close(half.float(), norm(x.half().float()).half().float())
 
 
+def test_group_norm32_bf16_on_cpu_equals_the_float32_round_trip() -> None:
+    # bf16 on CPU skips the casts: the kernel accumulates in fp32 and rounds once on output.
+    torch.manual_seed(0)
+    norm = GroupNorm32(32, 64)
+    torch.nn.init.normal_(norm.weight)
+    torch.nn.init.normal_(norm.bias)
+    x = (torch.randn(4, 64, 8, 8) * 50 + 100).bfloat16().requires_grad_()
+    direct = norm(x)
+    assert direct.dtype == torch.bfloat16
+    round_trip = torch.nn.functional.group_norm(x.float(), 32, norm.weight, norm.bias).bfloat16()
+    # At most one bf16 ulp apart (rounding of the same fp32 value computed in another order).
+    ulp = torch.finfo(torch.bfloat16).eps * round_trip.float().abs().clamp_min(1.0)
+    assert ((direct.float() - round_trip.float()).abs() <= ulp).all()
+    grad = torch.randn_like(direct)
+    (g_direct,) = torch.autograd.grad(direct, x, grad)
+    (g_round_trip,) = torch.autograd.grad(round_trip, x, grad)
+    torch.testing.assert_close(g_direct.float(), g_round_trip.float(), rtol=0.02, atol=0.02)
+
+
 @pytest.mark.parametrize("size", [4, 8, 12])
 def test_upsample_decomposition_equals_interpolate_then_conv(size: int) -> None:
     torch.manual_seed(0)
