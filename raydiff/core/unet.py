@@ -244,9 +244,9 @@ class ResBlock(TimestepBlock):
 
         out_norm, out_act, out_drop, out_conv = self.out_layers
         if self.use_scale_shift_norm:
-            # FiLM-style conditioning: norm(h) * (1 + scale) + shift, fused into one kernel.
-            scale, shift = emb_out.chunk(2, dim=1)
-            h = torch.addcmul(shift, out_norm(h), 1 + scale)
+            # FiLM-style conditioning norm(h) * (1 + scale) + shift, inside the norm's kernel.
+            scale, shift = emb_out.flatten(1).chunk(2, dim=1)  # 2 x [B, C_out]
+            h = out_norm.forward_modulated(h, scale, shift)
         else:
             h = out_norm(h + emb_out)
         h = out_conv(out_drop(out_act(h)))
@@ -722,7 +722,11 @@ class UNetModel(_EncoderTrunk):
         h = self.middle_block(h, emb)
         for module in self.output_blocks:
             h = module(torch.cat([h, skips.pop()], dim=1), emb)
-        return self.out(h.to(x.dtype))  # [B, out_channels, *spatial]
+        if not torch.is_autocast_enabled(h.device.type):
+            # The output layers stay fp32 when the trunk runs in fp16 (use_fp16); under autocast
+            # the conv picks its own dtype, and a cast here would only add two copies.
+            h = h.to(x.dtype)
+        return self.out(h)  # [B, out_channels, *spatial]
 
     def get_feature_vectors(
         self, x: torch.Tensor, timesteps: torch.Tensor, y: torch.Tensor | None = None

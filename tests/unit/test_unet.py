@@ -281,6 +281,41 @@ def test_group_norm32_bf16_on_cpu_equals_the_float32_round_trip() -> None:
     torch.testing.assert_close(g_direct.float(), g_round_trip.float(), rtol=0.02, atol=0.02)
 
 
+@pytest.mark.parametrize("spatial", [(6,), (5, 7), (2, 3, 4)])
+def test_modulated_group_norm_equals_norm_then_scale_shift(spatial: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    norm = GroupNorm32(32, 64)
+    torch.nn.init.normal_(norm.weight)
+    torch.nn.init.normal_(norm.bias)
+    x = torch.randn(3, 64, *spatial, requires_grad=True)
+    scale = torch.randn(3, 64, requires_grad=True)
+    shift = torch.randn(3, 64, requires_grad=True)
+    view = (3, 64) + (1,) * len(spatial)
+    two_step = norm(x) * (1 + scale.view(view)) + shift.view(view)
+    fused = norm.forward_modulated(x, scale, shift)
+    torch.testing.assert_close(fused, two_step, rtol=1e-5, atol=1e-5)
+    grad = torch.randn_like(two_step)
+    leaves = [x, scale, shift, norm.weight, norm.bias]
+    for g_fused, g_two in zip(
+        torch.autograd.grad(fused, leaves, grad),
+        torch.autograd.grad(two_step, leaves, grad),
+        strict=True,
+    ):
+        torch.testing.assert_close(g_fused, g_two, rtol=1e-4, atol=1e-4)
+
+
+def test_modulated_group_norm_in_half_precision() -> None:
+    torch.manual_seed(0)
+    norm = GroupNorm32(32, 64)
+    x = torch.randn(2, 64, 4, 4)
+    scale, shift = torch.randn(2, 64), torch.randn(2, 64)
+    expected = norm(x) * (1 + scale[..., None, None]) + shift[..., None, None]
+    for dtype in (torch.bfloat16, torch.float16):
+        out = norm.forward_modulated(x.to(dtype), scale.to(dtype), shift.to(dtype))
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.float(), expected, rtol=0.02, atol=0.05)
+
+
 @pytest.mark.parametrize("size", [4, 8, 12])
 def test_upsample_decomposition_equals_interpolate_then_conv(size: int) -> None:
     torch.manual_seed(0)
