@@ -10,7 +10,8 @@ scaled by ``1 / (1 - p)`` as in ``nn.Dropout``.
 The PCG64 stream is seeded with one draw from torch's default CPU generator, so masks are
 reproducible under ``torch.manual_seed`` and replayed exactly when ``torch.utils.checkpoint``
 recomputes a block (it restores the torch RNG state before the recomputation). On other devices,
-in eval mode, for ``p == 0`` or ``inplace=True`` it is plain ``nn.Dropout``.
+in eval mode, for ``p == 0``, with ``inplace=True`` and under ``torch.compile`` it is plain
+``nn.Dropout``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ class FastDropout(nn.Dropout):
     """``nn.Dropout`` with a faster mask on CPU (see the module docstring); no parameters."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0 or self.inplace or x.device.type != "cpu":
+        if (
+            not self.training
+            or self.p == 0.0
+            or self.inplace
+            or x.device.type != "cpu"
+            or torch.compiler.is_compiling()  # NumPy would break the graph; inductor has its RNG
+        ):
             return super().forward(x)
         return _MaskedScale.apply(x, cpu_keep_mask(x.shape, self.p, dtype=x.dtype))

@@ -15,9 +15,13 @@ improved-diffusion's ``UNetModel`` has no ``image_size`` argument. Construct it 
 Numerics follow the originals (float32): sinusoidal embeddings, GroupNorm(32) in float32, SiLU,
 scale-shift norm ``norm(h) * (1 + scale) + shift``, nearest x2 upsampling, stride-2 conv or
 average-pool downsampling. Faster but equal-valued formulations are used where available: fused
-SiLU, SDPA attention on token-major views (no 1x1 Conv1d), ``addcmul`` for the scale-shift, and
+SiLU, SDPA attention on token-major views (no 1x1 Conv1d), the scale-shift folded into the
+group norm's own affine map (:meth:`~raydiff.core.nn_layers.GroupNorm32.forward_modulated`),
 nearest-upsample + 3x3 conv computed as four 2x2 convolutions on the low-resolution input
-(:func:`~raydiff.core.nn_layers.upsample_nearest2x_conv3x3`, 2.25x fewer FLOPs).
+(:func:`~raydiff.core.nn_layers.upsample_nearest2x_conv3x3`, 2.25x fewer FLOPs), and dropout
+masks drawn with NumPy's PCG64 on CPU (:class:`~raydiff.core.dropout.FastDropout`, 5x cheaper
+than ``bernoulli_``). In bf16 on CPU, group norms run on bf16 activations directly and attention
+uses bf16 batched matmuls (the CPU flash kernel is slower in bf16).
 """
 
 from __future__ import annotations

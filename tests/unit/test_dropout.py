@@ -79,3 +79,10 @@ def test_is_an_nn_dropout_without_state() -> None:
 def test_bad_probability_is_named() -> None:
     with pytest.raises(ValueError, match=r"dropout probability must be in \[0, 1\), got 1.0"):
         cpu_keep_mask((3,), 1.0, dtype=torch.float32)
+
+
+def test_traces_without_graph_breaks_under_torch_compile() -> None:
+    # The NumPy mask would break the graph; under compilation the layer is plain nn.Dropout.
+    layer = torch.compile(FastDropout(0.5).train(), fullgraph=True, backend="eager")
+    out = layer(torch.ones(64, 64))
+    assert set(out.unique().tolist()) <= {0.0, 2.0}
