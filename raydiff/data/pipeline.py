@@ -218,6 +218,7 @@ def iterate_batches(
     rank: int = 0,
     train: bool = True,
     with_keys: bool = False,
+    skip_batches: int = 0,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(epoch, batch)`` from a worker's shard, forever by default.
 
@@ -229,9 +230,15 @@ def iterate_batches(
     takes the same number of steps per epoch, shuffles, flips, and repeats; ``epoch_start``
     resumes the epoch count (and the (seed, epoch) streams) of a restarted run. Validation
     (``train=False``) keeps every row, in order, unflipped, for one epoch unless told otherwise.
+    ``skip_batches`` drops that many batches at the start of the first epoch: a run resumed in
+    the middle of ``epoch_start`` continues at its position (the skipped batches are read, which
+    is cheap next to a training step, not trained on).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} is invalid; valid values: integers >= 1")
+    if skip_batches < 0:
+        raise ValueError(f"skip_batches={skip_batches} is invalid; valid values: integers >= 0")
+    to_skip = skip_batches
     if not train and num_epochs is None:
         num_epochs = 1
     epoch = epoch_start
@@ -254,6 +261,9 @@ def iterate_batches(
             collate_fn=collate,
         ):
             num_batches += 1
+            if to_skip:
+                to_skip -= 1
+                continue
             yield epoch, batch
         if num_batches == 0:
             # An endless loop over an empty shard would hang the run without a word.
@@ -261,6 +271,7 @@ def iterate_batches(
                 f"rank {rank}'s shard gave no batch of {batch_size} in epoch {epoch}: the split "
                 "has fewer rows per worker than the per-worker batch size"
             )
+        to_skip = 0  # a resumed position past the epoch's end starts the next epoch afresh
         epoch += 1
 
 

@@ -100,6 +100,7 @@ def run_training_job(
     from raydiff.data.pipeline import build_datasets, execution_options
     from raydiff.orchestrate.sampler_actor import get_or_create_actor, kill_actor
     from raydiff.orchestrate.worker import train_loop_per_worker
+    from raydiff.train.checkpoint import latest_checkpoint, read_progress
 
     scaling = config.scaling
     ensure_ray(num_workers=scaling.num_workers, cpus_per_worker=scaling.cpus_per_worker)
@@ -112,7 +113,11 @@ def run_training_job(
 
         # Ray Data's per-operator bars drown the training log; the dashboard shows them.
         DataContext.get_current().enable_progress_bars = False
-    datasets = build_datasets(config.data)
+    # A resumed run's data pipeline starts at the checkpoint's epoch (its block order included);
+    # the workers then skip the part of that epoch already trained on.
+    resumed_from = resume_path or latest_checkpoint(out)
+    progress = read_progress(resumed_from) if resumed_from else {}
+    datasets = build_datasets(config.data, epoch_offset=progress.get("epoch", 0))
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:
         get_or_create_actor(run_name, num_timesteps=config.diffusion.diffusion_steps)

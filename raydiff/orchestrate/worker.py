@@ -110,26 +110,36 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         device=device,
     )
 
-    epoch = 0
+    epoch, epoch_samples = 0, 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            epoch = _restore(trainer, raw_model, load_checkpoint(Path(directory)), rank)
+            epoch, epoch_samples = _restore(
+                trainer, raw_model, load_checkpoint(Path(directory)), rank
+            )
         logger.info("resumed from Ray Train's latest checkpoint at step %d", trainer.step)
     elif loop_config.get("resume"):
-        epoch = _restore(trainer, raw_model, load_checkpoint(Path(loop_config["resume"])), rank)
+        epoch, epoch_samples = _restore(
+            trainer, raw_model, load_checkpoint(Path(loop_config["resume"])), rank
+        )
         logger.info("resumed from %s at step %d", loop_config["resume"], trainer.step)
     elif config.train.init_checkpoint:
         load_model_weights(raw_model, config.train.init_checkpoint)
         trainer.ema = EMA(raw_model, config.optim.ema_rates())
         logger.info("initialised the weights from %s", config.train.init_checkpoint)
 
+    # Continue inside the resumed epoch: every rank skips the batches the run already trained
+    # on (per-rank batches per epoch do not depend on the worker count: rows / global batch).
+    epoch_batches = epoch_samples // config.train.batch_size
+    if epoch_batches:
+        logger.info("continuing epoch %d after its first %d samples", epoch, epoch_samples)
     batches = iterate_batches(
         ray.train.get_dataset_shard("train"),
         batch_size=local_batch,
         config=config.data,
         epoch_start=epoch,
         rank=rank,
+        skip_batches=epoch_batches,
     )
     writer = None
     if rank == 0:
@@ -212,6 +222,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
             ckpt = None
             if rank == 0:
                 sampler_state["epoch"] = epoch
+                sampler_state["epoch_samples"] = epoch_batches * config.train.batch_size
                 sampler_state["torch_rng"] = torch.get_rng_state()
                 write_checkpoint_files(
                     Path(tmp),
@@ -241,8 +252,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     raw_model.train()
     while trainer.step < max_steps:
         window.begin()
-        epoch, batch = next(batches)
+        batch_epoch, batch = next(batches)
         window.data_ready()
+        if batch_epoch != epoch:
+            epoch, epoch_batches = batch_epoch, 0
+        epoch_batches += 1
         cond = {"y": batch["y"]} if "y" in batch else {}
         result = trainer.train_step(batch["x"], cond)
         window.end()
@@ -303,7 +317,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     return last_report
 
 
-def _restore(trainer: Trainer, raw_model: torch.nn.Module, state: dict[str, Any], rank: int) -> int:
+def _restore(
+    trainer: Trainer, raw_model: torch.nn.Module, state: dict[str, Any], rank: int
+) -> tuple[int, int]:
+    """Load a checkpoint into this rank; returns its data position ``(epoch, epoch_samples)``."""
     raw_model.load_state_dict(state["model"])
     for rate in trainer.ema.rates:
         if rate in state["ema"]:
@@ -316,7 +333,7 @@ def _restore(trainer: Trainer, raw_model: torch.nn.Module, state: dict[str, Any]
     seed = trainer.train_config.seed
     trainer.sampler.generator.manual_seed(seed * 1_000_003 + rank * 7919 + trainer.step)
     torch.manual_seed(seed + 1000 * rank + trainer.step)
-    return int(state["trainer"].get("epoch", 0))
+    return int(state["trainer"].get("epoch", 0)), int(state["trainer"].get("epoch_samples", 0))
 
 
 def _take_images(

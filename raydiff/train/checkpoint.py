@@ -7,6 +7,7 @@ Layout of ``checkpoint_000500/``::
     trainer.pt            optimiser, grad scaler, timestep sampler (incl. loss history), step,
                           skipped steps, data position, RNG states
     config.json           the full resolved config
+    progress.json         step and data position (epoch, samples into it), readable without torch
 
 Everything is written into a temporary sibling directory and renamed into place, so a crash never
 leaves a half-written checkpoint that a resume could pick up. Files are loaded with
@@ -26,6 +27,10 @@ from typing import Any
 import torch
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d+)$")
+PROGRESS_FILE = "progress.json"
+#: Trainer-state entries copied to progress.json: optimiser steps taken, the data epoch and how
+#: many (global) samples of that epoch were consumed.
+PROGRESS_KEYS = ("step", "epoch", "epoch_samples")
 
 
 def checkpoint_name(step: int) -> str:
@@ -46,6 +51,20 @@ def write_checkpoint_files(
         torch.save(state, directory / f"ema_{rate}.pt")
     torch.save(trainer_state, directory / "trainer.pt")
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    progress = {k: int(trainer_state[k]) for k in PROGRESS_KEYS if k in trainer_state}
+    (directory / PROGRESS_FILE).write_text(json.dumps(progress, indent=2, sort_keys=True))
+
+
+def read_progress(directory: Path) -> dict[str, int]:
+    """``step``, ``epoch``, ``epoch_samples`` of a checkpoint, without loading any tensor.
+
+    The driver uses it to start the data pipeline at the resumed epoch. Checkpoints written before
+    ``progress.json`` existed give ``{}``.
+    """
+    path = Path(directory) / PROGRESS_FILE
+    if not path.is_file():
+        return {}
+    return {k: int(v) for k, v in json.loads(path.read_text()).items()}
 
 
 def save_checkpoint(root: Path, step: int, **files: Any) -> Path:

@@ -44,6 +44,24 @@ def test_mismatched_manifest_is_refused_before_any_work(tiny_dataset: Any) -> No
         build_datasets(_config(tiny_dataset, channels=3))
 
 
+def test_skip_batches_continues_inside_the_first_epoch(
+    ray_cluster: None, tiny_dataset: Any
+) -> None:
+    # What a run resumed mid-epoch sees: the same epoch from its position on, then the next ones.
+    config = _config(tiny_dataset, shuffle_buffer_size=64)
+    full = _epoch_orders(config, num_epochs=2)
+    train = build_datasets(config)["train"]
+    resumed: list[list[int]] = [[], []]
+    for epoch, batch in iterate_batches(
+        train, batch_size=16, config=config, num_epochs=2, skip_batches=5
+    ):
+        resumed[epoch].extend(batch["index"].tolist())
+    assert resumed[0] == full[0][5 * 16 :]
+    assert resumed[1] == full[1]
+    with pytest.raises(ValueError, match="skip_batches=-1 is invalid"):
+        next(iterate_batches(train, batch_size=16, config=config, skip_batches=-1))
+
+
 @pytest.mark.parametrize("cache_max_bytes", [1 << 30, 0], ids=["cached", "streamed"])
 def test_reshuffle_per_epoch_and_seed_reproduces(
     ray_cluster: None, tiny_dataset: Any, cache_max_bytes: int

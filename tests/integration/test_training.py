@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from raydiff.config import ExperimentConfig, apply_overrides, to_dict
-from raydiff.train.checkpoint import load_checkpoint
+from raydiff.train.checkpoint import load_checkpoint, read_progress
 
 GLOBAL_BATCH = 8
 
@@ -163,6 +163,17 @@ def test_resume_on_a_different_number_of_workers(
     end = load_checkpoint(second_out / "checkpoint_000008")
     assert end["config"]["scaling"]["num_workers"] == second
     assert recorded_losses(second_out / "checkpoint_000008") == 8 * GLOBAL_BATCH
+    # The data position continued too: 8 steps into the (36-step) first epoch, not 4.
+    assert read_progress(first_out / "checkpoint_000004") == {
+        "step": 4,
+        "epoch": 0,
+        "epoch_samples": 4 * GLOBAL_BATCH,
+    }
+    assert read_progress(second_out / "checkpoint_000008") == {
+        "step": 8,
+        "epoch": 0,
+        "epoch_samples": 8 * GLOBAL_BATCH,
+    }
     # The EMA continued from the checkpoint's average rather than restarting from the weights.
     ema_start = start["ema"][0.9]["out.2.weight"]
     ema_end = end["ema"][0.9]["out.2.weight"]

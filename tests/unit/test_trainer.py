@@ -1,5 +1,6 @@
 """Per-worker training logic without Ray: precision, skipping, collapse, microbatches, EMA, state."""
 
+import json
 import math
 
 import pytest
@@ -7,7 +8,12 @@ import torch
 
 from raydiff.config import DiffusionConfig, OptimConfig, TrainConfig
 from raydiff.core import LossSecondMomentResampler, UniformSampler, create_gaussian_diffusion
-from raydiff.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from raydiff.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    read_progress,
+    save_checkpoint,
+)
 from raydiff.train.trainer import Trainer, TrainingCollapsedError
 
 
@@ -164,6 +170,25 @@ def test_checkpoint_round_trip_continues_identically(tmp_path):
     rb = b.train_step(batch())
     assert torch.equal(ra.timesteps, rb.timesteps)
     torch.testing.assert_close(a.model.conv.weight, b.model.conv.weight)
+
+
+def test_progress_file_gives_the_data_position_without_torch(tmp_path):
+    ckpt = save_checkpoint(
+        tmp_path,
+        12,
+        model_state={},
+        ema_states={},
+        trainer_state={"step": 12, "epoch": 3, "epoch_samples": 96, "optimizer": {}},
+        config={},
+    )
+    assert json.loads((ckpt / "progress.json").read_text()) == {
+        "step": 12,
+        "epoch": 3,
+        "epoch_samples": 96,
+    }
+    assert read_progress(ckpt) == {"step": 12, "epoch": 3, "epoch_samples": 96}
+    (ckpt / "progress.json").unlink()  # a checkpoint from before progress.json existed
+    assert read_progress(ckpt) == {}
 
 
 def test_a_failed_checkpoint_write_leaves_nothing(tmp_path, monkeypatch):
