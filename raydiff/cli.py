@@ -242,6 +242,7 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
 
     from raydiff.data.in_memory import load_split_tensors
     from raydiff.data.manifest import check_compatible, load_manifest
+    from raydiff.train.checkpoint import latest_checkpoint, read_progress
     from raydiff.train.loop import run_training
     from raydiff.train.trainer import infinite_batches
 
@@ -253,11 +254,16 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
         num_classes=config.model.num_classes,
     )
     images, labels, _ = load_split_tensors(config.data.data_dir, config.data.train_split)
+    # The same checkpoint run_training will resume from: continue its data position.
+    resumed_from = Path(resume) if resume else latest_checkpoint(Path(output).resolve())
+    progress = read_progress(resumed_from) if resumed_from else {}
     batches = infinite_batches(
         images,
         labels if config.model.class_cond else None,
         batch_size=config.train.batch_size,
         seed=config.train.seed,
+        start_epoch=progress.get("epoch", 0),
+        skip_batches=progress.get("epoch_samples", 0) // config.train.batch_size,
     )
     return run_training(
         config, batches=batches, output_dir=output, resume=Path(resume) if resume else None

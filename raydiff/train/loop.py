@@ -147,6 +147,9 @@ def run_training(
 
     ckpt_root = output_dir  # the same layout as a Ray Train run: DIR/checkpoint_NNNNNN
     resume = resume or latest_checkpoint(ckpt_root)
+    # Data position (epoch, batches of it trained on); the caller's `batches` must start there
+    # (see raydiff.cli: infinite_batches(start_epoch=..., skip_batches=...) from read_progress).
+    epoch = epoch_batches = 0
     if resume is not None:
         state = load_checkpoint(resume)
         model.load_state_dict(state["model"])
@@ -155,6 +158,8 @@ def run_training(
                 trainer.ema.load_state_dict_for(rate, state["ema"][rate])
         trainer.load_state_dict(state["trainer"])
         torch.set_rng_state(state["trainer"]["torch_rng"])
+        epoch = int(state["trainer"].get("epoch", 0))
+        epoch_batches = int(state["trainer"].get("epoch_samples", 0)) // config.train.batch_size
         logger.info("resumed from %s at step %d", resume, trainer.step)
     elif config.train.init_checkpoint:
         load_model_weights(model, config.train.init_checkpoint)
@@ -167,7 +172,6 @@ def run_training(
     metrics = MetricAccumulator(num_timesteps=diffusion.num_timesteps)
     image_shape = (config.model.in_channels, config.model.image_size, config.model.image_size)
     num_classes = config.model.num_classes if config.model.class_cond else None
-    epoch = 0
     last_report: dict[str, Any] = {}
     window = ThroughputWindow(config.train.batch_size)
     run_start, start_step = now(), trainer.step
@@ -175,6 +179,7 @@ def run_training(
     def checkpoint() -> Path:
         trainer_state = trainer.state_dict()
         trainer_state["epoch"] = epoch
+        trainer_state["epoch_samples"] = epoch_batches * config.train.batch_size
         trainer_state["torch_rng"] = torch.get_rng_state()
         return save_checkpoint(
             ckpt_root,
@@ -204,8 +209,11 @@ def run_training(
     model.train()
     while trainer.step < config.train.max_steps:
         window.begin()
-        epoch, x, cond = next(batches)
+        batch_epoch, x, cond = next(batches)
         window.data_ready()
+        if batch_epoch != epoch:
+            epoch, epoch_batches = batch_epoch, 0
+        epoch_batches += 1
         result = trainer.train_step(x, cond)
         window.end()
         metrics.add_step(result)

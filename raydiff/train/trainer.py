@@ -333,25 +333,32 @@ def infinite_batches(
     batch_size: int,
     seed: int,
     start_epoch: int = 0,
+    skip_batches: int = 0,
 ) -> Iterator[tuple[int, torch.Tensor, dict[str, torch.Tensor]]]:
     """In-memory data for single-process runs: ``(epoch, x, cond)`` forever, reshuffled per epoch.
 
-    Random horizontal flips as improved-diffusion's image loader does for training.
+    Random horizontal flips as improved-diffusion's image loader does for training. The order is
+    a function of (seed, epoch), so ``start_epoch`` and ``skip_batches`` (batches of the first
+    epoch already trained on) continue a resumed run exactly where it stopped.
     """
     n = images.shape[0]
     if n < batch_size:
         raise ValueError(f"dataset has {n} images, fewer than one batch of {batch_size}")
+    if skip_batches < 0:
+        raise ValueError(f"skip_batches={skip_batches} is invalid; valid values: integers >= 0")
     epoch = start_epoch
+    first = skip_batches * batch_size
     while True:
         g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
         order = torch.randperm(n, generator=g)
         flips = torch.rand(n, generator=g) < 0.5
-        for i in range(0, n - batch_size + 1, batch_size):
+        for i in range(first, n - batch_size + 1, batch_size):
             idx = order[i : i + batch_size]
             x = images[idx]
             x = torch.where(flips[idx].view(-1, 1, 1, 1), x.flip(-1), x)
             cond = {"y": labels[idx]} if labels is not None else {}
             yield epoch, x, cond
+        first = 0
         epoch += 1
 
 

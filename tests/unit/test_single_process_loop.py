@@ -1,0 +1,92 @@
+"""The single-process loop (``raydiff train --single-process``): files written, resume position."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from raydiff.config import ExperimentConfig, apply_overrides
+from raydiff.train.checkpoint import latest_checkpoint, read_progress
+from raydiff.train.loop import run_training
+from raydiff.train.trainer import infinite_batches
+
+NUM_IMAGES, BATCH = 40, 8  # 5 batches per epoch
+
+
+def tiny_config(max_steps: int) -> ExperimentConfig:
+    return apply_overrides(
+        ExperimentConfig(),
+        [
+            "model.image_size=8",
+            "model.in_channels=1",
+            "model.num_channels=32",
+            "model.channel_mult=1,2",
+            "model.num_res_blocks=1",
+            "model.attention_resolutions=",
+            "diffusion.diffusion_steps=40",
+            f"train.batch_size={BATCH}",
+            f"train.max_steps={max_steps}",
+            "train.log_interval=2",
+            "train.save_interval=3",
+            "train.sample_interval=0",
+            "scaling.num_workers=1",
+        ],
+    )
+
+
+def images() -> torch.Tensor:
+    return torch.rand(NUM_IMAGES, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 2 - 1
+
+
+def test_skip_batches_continues_the_epoch_order() -> None:
+    full = infinite_batches(images(), None, batch_size=BATCH, seed=3)
+    expected = [next(full) for _ in range(8)][3:]  # epoch 0 from batch 3 on, then epoch 1
+    resumed = infinite_batches(images(), None, batch_size=BATCH, seed=3, skip_batches=3)
+    for (epoch_a, x_a, _), (epoch_b, x_b, _) in zip(expected, resumed, strict=False):
+        assert epoch_a == epoch_b
+        assert torch.equal(x_a, x_b)
+
+
+def run(max_steps: int, output: Path) -> dict:
+    config = tiny_config(max_steps)
+    checkpoint = latest_checkpoint(output)
+    progress = read_progress(checkpoint) if checkpoint else {}
+    batches = infinite_batches(
+        images(),
+        None,
+        batch_size=BATCH,
+        seed=config.train.seed,
+        start_epoch=progress.get("epoch", 0),
+        skip_batches=progress.get("epoch_samples", 0) // BATCH,
+    )
+    return run_training(
+        config, batches=batches, output_dir=output, num_preview_samples=4, preview_steps=4
+    )
+
+
+def test_writes_checkpoints_samples_events_and_resumes_at_its_data_position(
+    tmp_path: Path,
+) -> None:
+    first = run(4, tmp_path)
+    assert first["step"] == 4
+    assert sorted(p.name for p in tmp_path.glob("checkpoint_*")) == [
+        "checkpoint_000003",
+        "checkpoint_000004",
+    ]
+    assert (tmp_path / "samples" / "samples_000004.png").is_file()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert read_progress(tmp_path / "checkpoint_000004") == {
+        "step": 4,
+        "epoch": 0,
+        "epoch_samples": 4 * BATCH,
+    }
+    # Re-running on the same folder continues: step 4 -> 7 crosses into epoch 1 after 1 batch,
+    # then 2 more batches of it (5 batches per epoch), rather than restarting epoch 0.
+    second = run(7, tmp_path)
+    assert second["step"] == 7
+    assert read_progress(tmp_path / "checkpoint_000007") == {
+        "step": 7,
+        "epoch": 1,
+        "epoch_samples": 2 * BATCH,
+    }
