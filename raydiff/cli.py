@@ -246,8 +246,9 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
     from raydiff.train.loop import run_training
     from raydiff.train.trainer import infinite_batches
 
+    manifest = load_manifest(config.data.data_dir)
     check_compatible(
-        load_manifest(config.data.data_dir),
+        manifest,
         image_size=config.model.image_size,
         channels=config.model.in_channels,
         class_cond=config.model.class_cond,
@@ -265,8 +266,18 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
         start_epoch=progress.get("epoch", 0),
         skip_batches=progress.get("epoch_samples", 0) // config.train.batch_size,
     )
+    val_data = None
+    if config.data.val_split and config.data.val_split in manifest.splits:
+        val_images, val_labels, _ = load_split_tensors(
+            config.data.data_dir, config.data.val_split, limit=config.train.eval_num_images
+        )
+        val_data = (val_images, val_labels if config.model.class_cond else None)
     return run_training(
-        config, batches=batches, output_dir=output, resume=Path(resume) if resume else None
+        config,
+        batches=batches,
+        output_dir=output,
+        resume=Path(resume) if resume else None,
+        val_data=val_data,
     )
 
 

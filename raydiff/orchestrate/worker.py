@@ -30,7 +30,7 @@ from raydiff.train.ema import EMA
 from raydiff.train.loop import ema_samples, sampling_diffusion, seed_everything
 from raydiff.train.sample_grid import save_grid
 from raydiff.train.trainer import MetricAccumulator, ThroughputWindow, Trainer, format_eta, now
-from raydiff.train.validation import estimate_bpd, stratified_timesteps
+from raydiff.train.validation import estimate_bpd, stratified_timesteps, weights_swapped
 
 logger = logging.getLogger(__name__)
 
@@ -166,11 +166,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         if shard is None:
             return {}
         per_rank = max(1, config.train.eval_num_images // world_size)
-        weights = trainer.eval_weights()
-        current = {k: v.detach().clone() for k, v in raw_model.state_dict().items()}
-        raw_model.load_state_dict(weights)
-        raw_model.eval()
-        try:
+        with weights_swapped(raw_model, trainer.eval_weights()):
             val_batches = _take_images(
                 iterate_batches(
                     shard, batch_size=min(per_rank, 64), config=config.data, rank=rank, train=False
@@ -185,9 +181,6 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
                 timesteps=eval_t,
                 seed=config.train.seed + rank,
             )
-        finally:
-            raw_model.load_state_dict(current)
-            raw_model.train()
         totals = _all_reduce_sum(totals)
         count = float(totals["count"])
         return {

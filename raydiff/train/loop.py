@@ -1,7 +1,8 @@
 """A single-process training run: the per-worker logic driven by a plain loop.
 
-This is what ``raydiff train`` runs until the Ray Train layer lands, and the baseline that the
-Ray overhead benchmark compares against. Output layout under ``output_dir``::
+This is what ``raydiff train --single-process`` runs (debugging, no Ray) and the baseline that the
+Ray overhead benchmark compares against. It writes the same files as a Ray run, validation
+included when it is given the val split. Output layout under ``output_dir``::
 
     checkpoint_NNNNNN/               complete checkpoints (see raydiff.train.checkpoint)
     samples/samples_NNNNNN.png       EMA sample grids (DDIM)
@@ -34,6 +35,7 @@ from raydiff.train.checkpoint import (
 from raydiff.train.ema import EMA
 from raydiff.train.sample_grid import save_grid
 from raydiff.train.trainer import MetricAccumulator, ThroughputWindow, Trainer, format_eta, now
+from raydiff.train.validation import estimate_bpd, stratified_timesteps, weights_swapped
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +81,7 @@ def ema_samples(
     num_classes: int | None,
 ) -> torch.Tensor:
     """DDIM samples from the EMA weights, with a fixed seed so grids are comparable over time."""
-    current = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    was_training = model.training
-    model.load_state_dict(ema_state)
-    model.eval()
-    try:
+    with weights_swapped(model, ema_state):
         g = torch.Generator().manual_seed(seed)
         kwargs = {}
         if num_classes:
@@ -96,9 +94,6 @@ def ema_samples(
             generator=g,
             device=device,
         )
-    finally:
-        model.load_state_dict(current)
-        model.train(was_training)
 
 
 def run_training(
@@ -108,12 +103,16 @@ def run_training(
     output_dir: Path,
     resume: Path | None = None,
     device: torch.device | None = None,
-    num_preview_samples: int = 64,
-    preview_steps: int = 50,
+    num_preview_samples: int | None = None,
+    preview_steps: int | None = None,
+    val_data: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> dict[str, Any]:
     """Train in this process until ``config.train.max_steps``; returns the final metrics.
 
     Resumes from ``resume`` or else from the newest checkpoint under ``output_dir``.
+    ``val_data`` (images in [-1, 1] ``[N, C, H, W]`` and labels or None): every
+    ``train.eval_interval`` steps and at the end, the EMA weights' ``val_bpd`` / ``val_mse`` on
+    its first ``train.eval_num_images`` images, estimated exactly as a Ray run's rank 0 does.
     """
     device = device or torch.device("cpu")
     output_dir = output_dir.resolve()
@@ -123,7 +122,9 @@ def run_training(
 
     model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma).to(device)
     diffusion = create_gaussian_diffusion(config.diffusion)
-    preview = sampling_diffusion(diffusion, steps=preview_steps)
+    # Sample grids as a Ray run makes them: train.sample_count images, DDIM train.sample_steps.
+    num_preview_samples = num_preview_samples or config.train.sample_count
+    preview = sampling_diffusion(diffusion, steps=preview_steps or config.train.sample_steps)
     sampler = create_named_schedule_sampler(
         config.train.schedule_sampler, diffusion, seed=config.train.seed
     )
@@ -206,6 +207,34 @@ def run_training(
         logger.info("wrote sample grid %s", path)
         return path
 
+    eval_t = stratified_timesteps(
+        diffusion.num_timesteps, config.train.eval_timesteps, seed=config.train.seed
+    )
+    val_batches: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
+    if val_data is not None:
+        val_images, val_labels = val_data
+        for start in range(0, min(len(val_images), config.train.eval_num_images), 64):
+            end = min(start + 64, config.train.eval_num_images)
+            cond = {"y": val_labels[start:end].to(device)} if val_labels is not None else {}
+            val_batches.append((val_images[start:end].to(device), cond))
+
+    def evaluate() -> dict[str, float]:
+        if not val_batches:
+            return {}
+        with weights_swapped(model, trainer.eval_weights()):
+            totals = estimate_bpd(
+                diffusion=diffusion,
+                model=model,
+                batches=val_batches,
+                timesteps=eval_t,
+                seed=config.train.seed,
+            )
+        count = float(totals["count"])
+        return {
+            "val_bpd": float(totals["bpd_sum"]) / count,
+            "val_mse": float(totals["mse_sum"]) / count,
+        }
+
     model.train()
     while trainer.step < config.train.max_steps:
         window.begin()
@@ -218,7 +247,9 @@ def run_training(
         window.end()
         metrics.add_step(result)
         step = trainer.step
-        if step % config.train.log_interval == 0 or step == config.train.max_steps:
+        last = step == config.train.max_steps
+        is_eval = (config.train.eval_interval and step % config.train.eval_interval == 0) or last
+        if step % config.train.log_interval == 0 or last or is_eval:
             report = metrics.flush()
             report.update(
                 step=step,
@@ -228,17 +259,20 @@ def run_training(
                 skipped_steps=trainer.skipped_steps,
                 **window.read(),
             )
+            if is_eval:
+                report.update(evaluate())
             for key, value in report.items():
                 if key != "step":
                     writer.add_scalar(f"train/{key}", value, step)
             done = step - start_step
             eta = (now() - run_start) / max(done, 1) * (config.train.max_steps - step)
             logger.info(
-                "step %d/%d  loss %.4f  mse %.4f  %.0f img/s  lr %.2e  eta %s",
+                "step %d/%d  loss %.4f  mse %.4f  %s%.0f img/s  lr %.2e  eta %s",
                 step,
                 config.train.max_steps,
                 report.get("loss", float("nan")),
                 report.get("mse", float("nan")),
+                f"val_bpd {report['val_bpd']:.3f}  " if "val_bpd" in report else "",
                 report["images_per_s"],
                 result.lr,
                 format_eta(eta),

@@ -11,12 +11,30 @@ evaluations and runs with the same seed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.losses import mean_flat
+
+
+@contextlib.contextmanager
+def weights_swapped(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Run the block with ``state`` (e.g. EMA weights) loaded into ``model`` in eval mode.
+
+    The training weights and mode come back afterwards, whatever the block raised.
+    """
+    current = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    was_training = model.training
+    model.load_state_dict(state)
+    model.eval()
+    try:
+        yield
+    finally:
+        model.load_state_dict(current)
+        model.train(was_training)
 
 
 def stratified_timesteps(num_timesteps: int, num_strata: int, *, seed: int) -> torch.Tensor:

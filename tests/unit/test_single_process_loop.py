@@ -1,4 +1,4 @@
-"""The single-process loop (``raydiff train --single-process``): files written, resume position."""
+"""The single-process loop (``raydiff train --single-process``): files, validation, resume."""
 
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ def tiny_config(max_steps: int) -> ExperimentConfig:
             "train.log_interval=2",
             "train.save_interval=3",
             "train.sample_interval=0",
+            "train.eval_interval=2",
+            "train.eval_num_images=10",
+            "train.eval_timesteps=4",
             "scaling.num_workers=1",
         ],
     )
@@ -60,8 +63,14 @@ def run(max_steps: int, output: Path) -> dict:
         start_epoch=progress.get("epoch", 0),
         skip_batches=progress.get("epoch_samples", 0) // BATCH,
     )
+    val = images()[:12]
     return run_training(
-        config, batches=batches, output_dir=output, num_preview_samples=4, preview_steps=4
+        config,
+        batches=batches,
+        output_dir=output,
+        num_preview_samples=4,
+        preview_steps=4,
+        val_data=(val, None),
     )
 
 
@@ -70,6 +79,8 @@ def test_writes_checkpoints_samples_events_and_resumes_at_its_data_position(
 ) -> None:
     first = run(4, tmp_path)
     assert first["step"] == 4
+    # Validation on the EMA weights, as a Ray run reports it (10 of the 12 val images).
+    assert 0 < first["val_bpd"] < 20 and first["val_mse"] > 0
     assert sorted(p.name for p in tmp_path.glob("checkpoint_*")) == [
         "checkpoint_000003",
         "checkpoint_000004",
