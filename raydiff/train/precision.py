@@ -8,9 +8,12 @@ and EMA weights stay in fp32 in every mode.
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -31,6 +34,12 @@ class PrecisionPolicy:
             if precision == "fp16"
             else None
         )
+        if precision == "fp16" and device.type == "cpu":
+            # It works (and CI tests the loss scaling on CPU), but it is rarely what anyone wants.
+            logger.warning(
+                "precision fp16 on CPU: most CPUs have no fast fp16 convolutions (a training step "
+                "ran ~20x slower than fp32 in bench/core_step.py); use bf16 on CPU, fp16 on GPUs"
+            )
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The context for the forward pass and the loss."""

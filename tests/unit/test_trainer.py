@@ -71,6 +71,16 @@ def test_steps_train_in_every_precision(precision):
     assert math.isfinite(float(result.grad_norm))
 
 
+def test_fp16_on_cpu_warns_that_bf16_is_the_cpu_choice(caplog):
+    with caplog.at_level("WARNING", logger="raydiff.train.precision"):
+        make_trainer("fp16")
+    assert "use bf16 on CPU" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="raydiff.train.precision"):
+        make_trainer("bf16")
+    assert caplog.text == ""
+
+
 def test_injected_inf_skips_exactly_that_step_fp16():
     tr = make_trainer("fp16")
     tr.train_step(batch())
