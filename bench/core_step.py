@@ -3,7 +3,9 @@
 Config (IDDPM CIFAR-like, scaled down): batch 16 of 32x32x3, model_channels 64, 2 res blocks,
 channel_mult (1, 2, 2, 2), attention at 16x16 and 8x8 (ds 2, 4), 4 heads, scale-shift norm,
 dropout 0.1, learned sigma (LEARNED_RANGE + RESCALED_MSE hybrid loss), cosine schedule, T = 1000,
-uniform timestep sampling.
+uniform timestep sampling. The optimiser is AdamW as each side builds it: raydiff's
+``build_optimizer`` (fused) and torch's default AdamW for the reference (improved-diffusion's
+TrainLoop).
 
 Modes are ``IMPL-PRECISION[-compile]`` with IMPL in {raydiff, ref} and PRECISION in
 {fp32, bf16, fp16}: bf16/fp16 are ``torch.autocast("cpu")``; fp16 also uses
