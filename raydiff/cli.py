@@ -244,7 +244,7 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
     from raydiff.data.manifest import check_compatible, load_manifest
     from raydiff.train.checkpoint import latest_checkpoint, read_progress
     from raydiff.train.loop import run_training
-    from raydiff.train.trainer import infinite_batches
+    from raydiff.train.trainer import DataPosition, infinite_batches
 
     manifest = load_manifest(config.data.data_dir)
     check_compatible(
@@ -257,14 +257,16 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
     images, labels, _ = load_split_tensors(config.data.data_dir, config.data.train_split)
     # The same checkpoint run_training will resume from: continue its data position.
     resumed_from = Path(resume) if resume else latest_checkpoint(Path(output).resolve())
-    progress = read_progress(resumed_from) if resumed_from else {}
+    position = DataPosition.from_state(
+        read_progress(resumed_from) if resumed_from else {}, global_batch=config.train.batch_size
+    )
     batches = infinite_batches(
         images,
         labels if config.model.class_cond else None,
         batch_size=config.train.batch_size,
         seed=config.train.seed,
-        start_epoch=progress.get("epoch", 0),
-        skip_batches=progress.get("epoch_samples", 0) // config.train.batch_size,
+        start_epoch=position.epoch,
+        skip_batches=position.batches,
     )
     val_data = None
     if config.data.val_split and config.data.val_split in manifest.splits:

@@ -48,8 +48,13 @@ class GroupNorm32(nn.GroupNorm):
     one bf16 ulp on ~1e-5 of elements) at a tenth of the cost of the two casts here.
     """
 
+    @staticmethod
+    def _kernel_computes_in_fp32(x: torch.Tensor) -> bool:
+        """Whether the kernel already computes in fp32 for ``x`` (no upcast needed)."""
+        return x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and x.device.type == "cpu")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and x.device.type == "cpu"):
+        if self._kernel_computes_in_fp32(x):
             return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
         out = F.group_norm(x.float(), self.num_groups, self.weight, self.bias, self.eps)
         return out.to(x.dtype)
@@ -72,7 +77,7 @@ class GroupNorm32(nn.GroupNorm):
         bias = torch.addcmul(shift, self.bias, gain).reshape(-1)  # [B * C]
         folded = x.reshape(1, batch * channels, *x.shape[2:])  # [1, B * C, *spatial]
         groups = batch * self.num_groups
-        if x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and x.device.type == "cpu"):
+        if self._kernel_computes_in_fp32(x):
             return F.group_norm(folded, groups, weight, bias, self.eps).view_as(x)
         out = F.group_norm(folded.float(), groups, weight.float(), bias.float(), self.eps)
         return out.view_as(x).to(x.dtype)

@@ -29,8 +29,20 @@ from raydiff.train.checkpoint import load_checkpoint, load_model_weights, write_
 from raydiff.train.ema import EMA
 from raydiff.train.loop import ema_samples, sampling_diffusion, seed_everything
 from raydiff.train.sample_grid import save_grid
-from raydiff.train.trainer import MetricAccumulator, ThroughputWindow, Trainer, format_eta, now
-from raydiff.train.validation import estimate_bpd, stratified_timesteps, weights_swapped
+from raydiff.train.trainer import (
+    DataPosition,
+    MetricAccumulator,
+    ThroughputWindow,
+    Trainer,
+    format_eta,
+    now,
+)
+from raydiff.train.validation import (
+    estimate_bpd,
+    stratified_timesteps,
+    validation_metrics,
+    weights_swapped,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -110,18 +122,19 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         device=device,
     )
 
-    epoch, epoch_samples = 0, 0
+    position = DataPosition()
+    global_batch = config.train.batch_size
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            epoch, epoch_samples = _restore(
-                trainer, raw_model, load_checkpoint(Path(directory)), rank
-            )
+            state = load_checkpoint(Path(directory))
+        _restore(trainer, raw_model, state, rank)
+        position = DataPosition.from_state(state["trainer"], global_batch=global_batch)
         logger.info("resumed from Ray Train's latest checkpoint at step %d", trainer.step)
     elif loop_config.get("resume"):
-        epoch, epoch_samples = _restore(
-            trainer, raw_model, load_checkpoint(Path(loop_config["resume"])), rank
-        )
+        state = load_checkpoint(Path(loop_config["resume"]))
+        _restore(trainer, raw_model, state, rank)
+        position = DataPosition.from_state(state["trainer"], global_batch=global_batch)
         logger.info("resumed from %s at step %d", loop_config["resume"], trainer.step)
     elif config.train.init_checkpoint:
         load_model_weights(raw_model, config.train.init_checkpoint)
@@ -130,16 +143,17 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 
     # Continue inside the resumed epoch: every rank skips the batches the run already trained
     # on (per-rank batches per epoch do not depend on the worker count: rows / global batch).
-    epoch_batches = epoch_samples // config.train.batch_size
-    if epoch_batches:
-        logger.info("continuing epoch %d after its first %d samples", epoch, epoch_samples)
+    if position.batches:
+        logger.info(
+            "continuing epoch %d after its first %d batches", position.epoch, position.batches
+        )
     batches = iterate_batches(
         ray.train.get_dataset_shard("train"),
         batch_size=local_batch,
         config=config.data,
-        epoch_start=epoch,
+        epoch_start=position.epoch,
         rank=rank,
-        skip_batches=epoch_batches,
+        skip_batches=position.batches,
     )
     writer = None
     if rank == 0:
@@ -181,12 +195,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
                 timesteps=eval_t,
                 seed=config.train.seed + rank,
             )
-        totals = _all_reduce_sum(totals)
-        count = float(totals["count"])
-        return {
-            "val_bpd": float(totals["bpd_sum"]) / count,
-            "val_mse": float(totals["mse_sum"]) / count,
-        }
+        return validation_metrics(_all_reduce_sum(totals))
 
     def sample_grid() -> None:
         if rank != 0:
@@ -214,8 +223,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = None
             if rank == 0:
-                sampler_state["epoch"] = epoch
-                sampler_state["epoch_samples"] = epoch_batches * config.train.batch_size
+                sampler_state.update(position.state(global_batch=global_batch))
                 sampler_state["torch_rng"] = torch.get_rng_state()
                 write_checkpoint_files(
                     Path(tmp),
@@ -245,11 +253,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     raw_model.train()
     while trainer.step < max_steps:
         window.begin()
-        batch_epoch, batch = next(batches)
+        epoch, batch = next(batches)
         window.data_ready()
-        if batch_epoch != epoch:
-            epoch, epoch_batches = batch_epoch, 0
-        epoch_batches += 1
+        position.advance(epoch)
         cond = {"y": batch["y"]} if "y" in batch else {}
         result = trainer.train_step(batch["x"], cond)
         window.end()
@@ -312,8 +318,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 
 def _restore(
     trainer: Trainer, raw_model: torch.nn.Module, state: dict[str, Any], rank: int
-) -> tuple[int, int]:
-    """Load a checkpoint into this rank; returns its data position ``(epoch, epoch_samples)``."""
+) -> None:
+    """Load a checkpoint's weights, EMA, optimiser and sampler state into this rank."""
     raw_model.load_state_dict(state["model"])
     for rate in trainer.ema.rates:
         if rate in state["ema"]:
@@ -326,7 +332,6 @@ def _restore(
     seed = trainer.train_config.seed
     trainer.sampler.generator.manual_seed(seed * 1_000_003 + rank * 7919 + trainer.step)
     torch.manual_seed(seed + 1000 * rank + trainer.step)
-    return int(state["trainer"].get("epoch", 0)), int(state["trainer"].get("epoch_samples", 0))
 
 
 def _take_images(

@@ -34,8 +34,20 @@ from raydiff.train.checkpoint import (
 )
 from raydiff.train.ema import EMA
 from raydiff.train.sample_grid import save_grid
-from raydiff.train.trainer import MetricAccumulator, ThroughputWindow, Trainer, format_eta, now
-from raydiff.train.validation import estimate_bpd, stratified_timesteps, weights_swapped
+from raydiff.train.trainer import (
+    DataPosition,
+    MetricAccumulator,
+    ThroughputWindow,
+    Trainer,
+    format_eta,
+    now,
+)
+from raydiff.train.validation import (
+    estimate_bpd,
+    stratified_timesteps,
+    validation_metrics,
+    weights_swapped,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +162,7 @@ def run_training(
     resume = resume or latest_checkpoint(ckpt_root)
     # Data position (epoch, batches of it trained on); the caller's `batches` must start there
     # (see raydiff.cli: infinite_batches(start_epoch=..., skip_batches=...) from read_progress).
-    epoch = epoch_batches = 0
+    position = DataPosition()
     if resume is not None:
         state = load_checkpoint(resume)
         model.load_state_dict(state["model"])
@@ -159,8 +171,7 @@ def run_training(
                 trainer.ema.load_state_dict_for(rate, state["ema"][rate])
         trainer.load_state_dict(state["trainer"])
         torch.set_rng_state(state["trainer"]["torch_rng"])
-        epoch = int(state["trainer"].get("epoch", 0))
-        epoch_batches = int(state["trainer"].get("epoch_samples", 0)) // config.train.batch_size
+        position = DataPosition.from_state(state["trainer"], global_batch=config.train.batch_size)
         logger.info("resumed from %s at step %d", resume, trainer.step)
     elif config.train.init_checkpoint:
         load_model_weights(model, config.train.init_checkpoint)
@@ -179,8 +190,7 @@ def run_training(
 
     def checkpoint() -> Path:
         trainer_state = trainer.state_dict()
-        trainer_state["epoch"] = epoch
-        trainer_state["epoch_samples"] = epoch_batches * config.train.batch_size
+        trainer_state.update(position.state(global_batch=config.train.batch_size))
         trainer_state["torch_rng"] = torch.get_rng_state()
         return save_checkpoint(
             ckpt_root,
@@ -229,20 +239,14 @@ def run_training(
                 timesteps=eval_t,
                 seed=config.train.seed,
             )
-        count = float(totals["count"])
-        return {
-            "val_bpd": float(totals["bpd_sum"]) / count,
-            "val_mse": float(totals["mse_sum"]) / count,
-        }
+        return validation_metrics(totals)
 
     model.train()
     while trainer.step < config.train.max_steps:
         window.begin()
-        batch_epoch, x, cond = next(batches)
+        epoch, x, cond = next(batches)
         window.data_ready()
-        if batch_epoch != epoch:
-            epoch, epoch_batches = batch_epoch, 0
-        epoch_batches += 1
+        position.advance(epoch)
         result = trainer.train_step(x, cond)
         window.end()
         metrics.add_step(result)

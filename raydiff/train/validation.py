@@ -115,3 +115,12 @@ def estimate_bpd(
         bpd_sum += bpd.double().sum().cpu()
         mse_sum += (terms["mse_sum"] / len(timesteps)).double().sum().cpu()
     return {"count": count, "bpd_sum": bpd_sum, "mse_sum": mse_sum}
+
+
+def validation_metrics(totals: dict[str, torch.Tensor]) -> dict[str, float]:
+    """``val_bpd`` and ``val_mse`` from :func:`estimate_bpd`'s totals (summed over ranks first)."""
+    count = float(totals["count"])
+    return {
+        "val_bpd": float(totals["bpd_sum"]) / count,
+        "val_mse": float(totals["mse_sum"]) / count,
+    }

@@ -14,7 +14,7 @@ from raydiff.train.checkpoint import (
     read_progress,
     save_checkpoint,
 )
-from raydiff.train.trainer import Trainer, TrainingCollapsedError
+from raydiff.train.trainer import DataPosition, Trainer, TrainingCollapsedError
 
 
 class TinyEps(torch.nn.Module):
@@ -276,3 +276,15 @@ def test_metric_means_per_quartile_and_reduction():
     doubled = acc.flush(reduce=lambda packed: {k: v * 2 for k, v in packed.items()})
     assert doubled["loss"] == pytest.approx(2.75)  # sums and counts both reduced
     assert acc.flush() == {}
+
+
+def test_data_position_counts_batches_per_epoch_and_round_trips():
+    position = DataPosition()
+    for epoch in (0, 0, 0, 1, 1):
+        position.advance(epoch)
+    assert (position.epoch, position.batches) == (1, 2)
+    state = position.state(global_batch=8)
+    assert state == {"epoch": 1, "epoch_samples": 16}
+    # A resume with a different per-worker split still skips the same number of global samples.
+    assert DataPosition.from_state(state, global_batch=8) == position
+    assert DataPosition.from_state({}, global_batch=8) == DataPosition()
