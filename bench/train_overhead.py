@@ -14,8 +14,8 @@ with ``raydiff.data.prepare_dataset`` into a temporary folder.
   steps, then ``--steps`` timed steps (batch fetch + ``train_step``).
 * ray: ``raydiff.orchestrate.run_training_job`` with one worker (``TorchTrainer``, Ray Data
   shard, the loss-history sampler actor, TensorBoard on rank 0, checkpoint at the end), on a
-  fresh local Ray instance per repeat (``ray.init(num_cpus=...)``, ``RAY_AUTH_MODE=disabled``),
-  ``max_steps = warmup + steps``. The window is read from the worker's own per-step TensorBoard
+  fresh local Ray instance per repeat (raydiff's ``start_local_ray(num_cpus=...)``,
+  ``RAY_AUTH_MODE=disabled``), ``max_steps = warmup + steps``. The window is read from the worker's own per-step TensorBoard
   scalar ``train/loss_step`` (stamped with the wall time at the end of each step): step ``warmup`` to
   step ``warmup + steps``. It therefore excludes cluster start, model build, the data pipeline's
   start and the first steps, and (with the default ``--log-interval 0``) contains no
@@ -235,7 +235,10 @@ def start_ray(
     if report_interval is not None:
         os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(report_interval)
     runtime_env = {"env_vars": {"OMP_NUM_THREADS": str(threads)}} if omp == "match" else None
-    ray.init(
+    # raydiff's own local-instance settings (what `raydiff train` starts on one machine).
+    from raydiff.orchestrate.trainer import start_local_ray
+
+    start_local_ray(
         num_cpus=num_cpus,
         include_dashboard=False,
         log_to_driver=bool(os.environ.get("TRAIN_OVERHEAD_VERBOSE")),

@@ -34,7 +34,7 @@ class TinyDataset:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
-    """``ray.init(num_cpus=4)`` once per session; shut down at the end."""
+    """A local Ray instance (``start_local_ray(num_cpus=4)``) once per session; shut down at the end."""
     # Set before ray.init: the raylet and every worker inherit this environment.
     os.environ["RAY_AUTH_MODE"] = "disabled"  # throwaway cluster: no token files
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # report() is a barrier
@@ -42,10 +42,11 @@ def ray_cluster() -> Iterator[None]:
     paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
 
-    import ray
     import ray.data
 
-    ray.init(
+    from raydiff.orchestrate.trainer import start_local_ray
+
+    start_local_ray(
         num_cpus=4,
         include_dashboard=False,
         log_to_driver=False,

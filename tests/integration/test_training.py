@@ -93,6 +93,18 @@ def test_two_workers_write_checkpoints_events_and_samples(ray_cluster, tiny_data
     assert "samples/ema" in tags["images"]
     assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6, 8]
 
+    # A local instance (start_local_ray) runs no preemption watcher: nothing can preempt it.
+    actor_classes = {a["ActorClassName"] for a in _actor_table()}
+    assert "LossHistoryActor" in actor_classes, actor_classes  # the table does see this run
+    assert "PreemptionWatcher" not in actor_classes
+
+
+def _actor_table() -> list[dict]:
+    """Every actor the GCS knows of, dead ones included (the state API needs the dashboard)."""
+    import ray
+
+    return list(ray._private.state.actors().values())
+
 
 def _train_worker_pids() -> list[int]:
     """PIDs of the Ray Train worker processes (their title is ``ray::RayTrainWorker...``)."""
