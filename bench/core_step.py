@@ -19,6 +19,10 @@ Throughput in GFLOP/s uses 3x the forward FLOPs per training step (forward + ~2x
 counted by ``torch.utils.flop_counter.FlopCounterMode`` on one fp32 forward of the model; the
 diffusion arithmetic and the optimizer are not counted.
 
+Minor page faults per step are counted too (``getrusage``, median over the timed steps): glibc
+hands freed activation memory back to the kernel between steps, and a step that regrows it
+faults every page in again.
+
 Example::
 
     python bench/core_step.py --reference-root .reference --steps 10 --warmup 2 --profile
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -71,6 +76,7 @@ class ModeResult:
 
     mode: str
     step_times_s: list[float] = field(default_factory=list)
+    minor_faults: list[int] = field(default_factory=list)
     median_s: float = float("nan")
     images_per_s: float = float("nan")
     gflop_per_s: float = float("nan")
@@ -180,10 +186,6 @@ def load_libs(reference_root: Path | None) -> dict[str, Any]:
     import raydiff.core as core
 
     libs: dict[str, Any] = {"raydiff": core}
-    if getattr(core, "UNetModel", None) is None:
-        from raydiff.core.unet import UNetModel  # public export missing at time of writing
-
-        core.UNetModel = UNetModel  # type: ignore[attr-defined]
     if reference_root is not None:
         sys.path.insert(0, str(Path(__file__).parent))
         from make_reference_fixtures import import_reference
@@ -265,7 +267,11 @@ def main() -> None:
         for mode, stepper in steppers.items():
             limit = args.fp16_steps if "fp16" in mode else args.steps
             if r < limit:
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 results[mode].step_times_s.append(stepper.step())
+                results[mode].minor_faults.append(
+                    resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+                )
         latest = ", ".join(
             f"{m} {res.step_times_s[-1]:.2f}s"
             for m, res in results.items()
@@ -295,6 +301,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     header = (
         f"{'mode':24s} {'n':>3s} {'s/step':>8s} {'img/s':>8s} {'GFLOP/s':>8s} {'vs ref-fp32':>11s}"
+        f" {'faults/step':>11s}"
     )
     print(header)
     print("-" * len(header))
@@ -305,7 +312,7 @@ def main() -> None:
         ratio = res.images_per_s / ref_ips if ref_ips == ref_ips else float("nan")
         print(
             f"{mode:24s} {len(res.step_times_s):3d} {res.median_s:8.3f} {res.images_per_s:8.2f} "
-            f"{res.gflop_per_s:8.2f} {ratio:10.2f}x"
+            f"{res.gflop_per_s:8.2f} {ratio:10.2f}x {statistics.median(res.minor_faults):11.0f}"
         )
     raydiff_ok = [r for m, r in results.items() if m.startswith("raydiff") and r.step_times_s]
     if ref_ips == ref_ips and raydiff_ok:
