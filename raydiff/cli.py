@@ -241,19 +241,15 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
     from pathlib import Path
 
     from raydiff.data.in_memory import load_split_tensors
-    from raydiff.data.manifest import check_compatible, load_manifest
+    from raydiff.data.manifest import load_manifest
     from raydiff.train.checkpoint import latest_checkpoint, read_progress
     from raydiff.train.loop import run_training
+    from raydiff.train.preflight import check_run
     from raydiff.train.trainer import DataPosition, infinite_batches
 
+    # One process trains the whole batch: scaling.num_workers does not apply.
+    check_run(config, resume=Path(resume) if resume else None, num_workers=1)
     manifest = load_manifest(config.data.data_dir)
-    check_compatible(
-        manifest,
-        image_size=config.model.image_size,
-        channels=config.model.in_channels,
-        class_cond=config.model.class_cond,
-        num_classes=config.model.num_classes,
-    )
     images, labels, _ = load_split_tensors(config.data.data_dir, config.data.train_split)
     # The same checkpoint run_training will resume from: continue its data position.
     resumed_from = Path(resume) if resume else latest_checkpoint(Path(output).resolve())

@@ -14,31 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from raydiff.config import ExperimentConfig, from_dict, to_dict
-from raydiff.data.manifest import load_manifest
+from raydiff.train.preflight import check_run
 
 logger = logging.getLogger(__name__)
-
-
-def check_config(config: ExperimentConfig, *, resume: Path | None = None) -> None:
-    """Everything that can be checked before a worker starts; raises ValueError naming the field."""
-    config.train.per_worker_batch(config.scaling.num_workers)
-    manifest = load_manifest(config.data.data_dir)  # FileNotFoundError names the missing path
-    from raydiff.data.manifest import check_compatible
-
-    check_compatible(
-        manifest,
-        image_size=config.model.image_size,
-        channels=config.model.in_channels,
-        class_cond=config.model.class_cond,
-        num_classes=config.model.num_classes,
-    )
-    init = config.train.init_checkpoint
-    if init and not Path(init).is_file():
-        raise FileNotFoundError(f"train.init_checkpoint={init!r} does not exist")
-    if resume is not None and not (resume / "model.pt").is_file():
-        raise FileNotFoundError(
-            f"--resume {resume} is not a raydiff checkpoint directory (no model.pt in it)"
-        )
 
 
 def sync_data_config(config: ExperimentConfig) -> ExperimentConfig:
@@ -113,7 +91,7 @@ def run_training_job(
     config = sync_data_config(from_dict(ExperimentConfig, config_dict))
     out = Path(output_dir).expanduser().resolve()
     resume_path = Path(resume).expanduser().resolve() if resume else None
-    check_config(config, resume=resume_path)
+    check_run(config, resume=resume_path)
 
     import ray.train
     from ray.train.torch import TorchTrainer

@@ -86,14 +86,20 @@ def save_checkpoint(root: Path, step: int, **files: Any) -> Path:
     return final
 
 
-def load_checkpoint(directory: Path) -> dict[str, Any]:
-    """Read a checkpoint directory: ``model``, ``ema`` {rate: state}, ``trainer``, ``config``."""
+def require_checkpoint_dir(directory: Path) -> Path:
+    """``directory`` as a Path if it holds a raydiff checkpoint, else FileNotFoundError saying why."""
     directory = Path(directory)
     if not (directory / "model.pt").is_file() or not (directory / "trainer.pt").is_file():
         raise FileNotFoundError(
             f"{directory} is not a raydiff checkpoint (needs model.pt and trainer.pt); "
             "give a checkpoint_NNNNNN directory"
         )
+    return directory
+
+
+def load_checkpoint(directory: Path) -> dict[str, Any]:
+    """Read a checkpoint directory: ``model``, ``ema`` {rate: state}, ``trainer``, ``config``."""
+    directory = require_checkpoint_dir(directory)
     ema = {}
     for f in sorted(directory.glob("ema_*.pt")):
         ema[float(f.stem.removeprefix("ema_"))] = torch.load(

@@ -9,7 +9,8 @@ import pytest
 from raydiff.cli import main
 from raydiff.config import ExperimentConfig, apply_overrides, to_dict
 from raydiff.data import PrepareOptions, prepare_dataset
-from raydiff.orchestrate.trainer import check_config, run_training_job, sync_data_config
+from raydiff.orchestrate.trainer import run_training_job, sync_data_config
+from raydiff.train.preflight import check_run
 
 
 @pytest.fixture(scope="module")
@@ -32,48 +33,66 @@ def dataset(tmp_path_factory):
     return out
 
 
+BASE_OVERRIDES = [
+    "model.image_size=16",
+    "model.in_channels=1",
+    "model.channel_mult=1,2",
+    "model.num_channels=32",
+    "model.attention_resolutions=8",
+]
+
+
 def config(dataset, *overrides):
-    base = [
-        "model.image_size=16",
-        "model.in_channels=1",
-        "model.channel_mult=1,2",
-        "model.num_channels=32",
-        "model.attention_resolutions=8",
-        f"data.data_dir={dataset}",
-    ]
+    base = [*BASE_OVERRIDES, f"data.data_dir={dataset}"]
     return sync_data_config(apply_overrides(ExperimentConfig(), [*base, *overrides]))
 
 
 def test_a_good_config_passes(dataset):
-    check_config(config(dataset))
+    check_run(config(dataset))
 
 
 def test_batch_not_divisible_by_workers_and_microbatch(dataset):
     with pytest.raises(ValueError, match=r"train.batch_size=10.*number of workers \(3\)"):
-        check_config(config(dataset, "train.batch_size=10", "scaling.num_workers=3"))
+        check_run(config(dataset, "train.batch_size=10", "scaling.num_workers=3"))
     with pytest.raises(ValueError, match=r"train.batch_size=12.*microbatch=4"):
-        check_config(
+        check_run(
             config(dataset, "train.batch_size=12", "scaling.num_workers=2", "train.microbatch=4")
         )
 
 
 def test_image_size_or_channels_unlike_the_shards(dataset):
     with pytest.raises(ValueError, match=r"image_size mismatch.*16x16"):
-        check_config(config(dataset, "model.image_size=32", "model.attention_resolutions=16"))
+        check_run(config(dataset, "model.image_size=32", "model.attention_resolutions=16"))
     with pytest.raises(ValueError, match="channels mismatch"):
-        check_config(config(dataset, "model.in_channels=3"))
+        check_run(config(dataset, "model.in_channels=3"))
 
 
 def test_missing_data_path(tmp_path, dataset):
     with pytest.raises(FileNotFoundError, match=r"no manifest\.json.*raydiff prepare"):
-        check_config(config(dataset, f"data.data_dir={tmp_path / 'nowhere'}"))
+        check_run(config(dataset, f"data.data_dir={tmp_path / 'nowhere'}"))
 
 
 def test_missing_resume_and_init_paths(tmp_path, dataset):
     with pytest.raises(FileNotFoundError, match="--resume"):
-        check_config(config(dataset), resume=tmp_path)
+        check_run(config(dataset), resume=tmp_path)
     with pytest.raises(FileNotFoundError, match="init_checkpoint"):
-        check_config(config(dataset, f"train.init_checkpoint={tmp_path / 'x.pt'}"))
+        check_run(config(dataset, f"train.init_checkpoint={tmp_path / 'x.pt'}"))
+
+
+def test_single_process_splits_the_batch_over_one_worker(dataset):
+    # scaling.num_workers is for Ray runs; one process trains the whole batch.
+    check_run(config(dataset, "train.batch_size=10", "scaling.num_workers=3"), num_workers=1)
+    with pytest.raises(ValueError, match=r"per-worker batch 10.*microbatch=4"):
+        check_run(config(dataset, "train.batch_size=10", "train.microbatch=4"), num_workers=1)
+
+
+def test_single_process_cli_refuses_a_bad_resume_before_loading_data(dataset, tmp_path, capsys):
+    sets = [f"--set={item}" for item in BASE_OVERRIDES]
+    args = ["train", "--single-process", *sets, "--data", str(dataset)]
+    args += ["--output", str(tmp_path / "run")]
+    assert main([*args, "--resume", str(tmp_path / "nowhere")]) == 1
+    assert "--resume:" in (err := capsys.readouterr().err) and "is not a raydiff checkpoint" in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_unknown_schedule_from_the_command_line(capsys):
