@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from raydiff.config import ExperimentConfig, from_dict, to_dict
+from raydiff.train.checkpoint import latest_checkpoint, read_progress
 from raydiff.train.preflight import check_run
 
 logger = logging.getLogger(__name__)
@@ -85,13 +86,30 @@ def run_training_job(
 ) -> dict[str, Any]:
     """Train with Ray Train; returns rank 0's final metrics plus the checkpoint path.
 
-    Re-running with the same ``output_dir`` continues that run from its latest checkpoint.
+    Re-running with the same ``output_dir`` continues that run from its latest checkpoint; a run
+    already at ``train.max_steps`` returns at once (its step and checkpoint) without starting Ray.
     """
     # Validate before Ray is even imported: a bad config must not start a cluster or a worker.
     config = sync_data_config(from_dict(ExperimentConfig, config_dict))
     out = Path(output_dir).expanduser().resolve()
     resume_path = Path(resume).expanduser().resolve() if resume else None
     check_run(config, resume=resume_path)
+    # A resumed run's data pipeline starts at the checkpoint's epoch (its block order included);
+    # the workers then skip the part of that epoch already trained on.
+    resumed_from = resume_path or latest_checkpoint(out)
+    progress = read_progress(resumed_from) if resumed_from else {}
+    if progress.get("step", 0) >= config.train.max_steps:
+        # Re-running a finished run (`make demo` twice) would start Ray, the worker group and the
+        # data pipeline only to train zero steps.
+        logger.warning(
+            "nothing to train: %s is at step %d and train.max_steps=%d; pass --max-steps N (N > "
+            "%d) to train on, or --output DIR for a new run",
+            resumed_from,
+            progress["step"],
+            config.train.max_steps,
+            progress["step"],
+        )
+        return {"step": progress["step"], "checkpoint": str(resumed_from), "output_dir": str(out)}
 
     import ray.train
     from ray.train.torch import TorchTrainer
@@ -99,7 +117,6 @@ def run_training_job(
     from raydiff.data.pipeline import build_datasets, execution_options
     from raydiff.orchestrate.sampler_actor import get_or_create_actor, kill_actor
     from raydiff.orchestrate.worker import train_loop_per_worker
-    from raydiff.train.checkpoint import latest_checkpoint, read_progress
 
     scaling = config.scaling
     ensure_ray(num_workers=scaling.num_workers, cpus_per_worker=scaling.cpus_per_worker)
@@ -112,10 +129,6 @@ def run_training_job(
 
         # Ray Data's per-operator bars drown the training log; the dashboard shows them.
         DataContext.get_current().enable_progress_bars = False
-    # A resumed run's data pipeline starts at the checkpoint's epoch (its block order included);
-    # the workers then skip the part of that epoch already trained on.
-    resumed_from = resume_path or latest_checkpoint(out)
-    progress = read_progress(resumed_from) if resumed_from else {}
     datasets = build_datasets(config.data, epoch_offset=progress.get("epoch", 0))
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:

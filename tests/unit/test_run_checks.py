@@ -1,5 +1,6 @@
 """Bad training configs fail before Ray starts or any worker runs, naming the field."""
 
+import json
 import subprocess
 import sys
 
@@ -105,7 +106,7 @@ def test_the_job_refuses_before_importing_ray(dataset, tmp_path):
     bad = to_dict(config(dataset, "train.batch_size=10", "scaling.num_workers=3"))
     code = (
         "import sys, json; from raydiff.orchestrate.trainer import run_training_job\n"
-        f"cfg = json.loads({__import__('json').dumps(__import__('json').dumps(bad))})\n"
+        f"cfg = json.loads({json.dumps(json.dumps(bad))})\n"
         "try:\n"
         f"    run_training_job(cfg, output_dir={str(tmp_path / 'run')!r})\n"
         "except ValueError as e:\n"
@@ -117,3 +118,25 @@ def test_the_job_refuses_before_importing_ray(dataset, tmp_path):
     assert "refused" in out.stdout
     assert not (tmp_path / "run").exists()
     assert run_training_job is not None
+
+
+def test_a_finished_run_returns_at_once_without_ray(dataset, tmp_path):
+    """Re-running a run that reached train.max_steps trains nothing and starts nothing."""
+    out = tmp_path / "run"
+    (out / "checkpoint_000008").mkdir(parents=True)
+    (out / "checkpoint_000008" / "progress.json").write_text(
+        '{"step": 8, "epoch": 0, "epoch_samples": 64}'
+    )
+    cfg = to_dict(config(dataset, "train.max_steps=8"))
+    code = (
+        "import sys, json; from raydiff.orchestrate.trainer import run_training_job\n"
+        f"cfg = json.loads({json.dumps(json.dumps(cfg))})\n"
+        f"result = run_training_job(cfg, output_dir={str(out)!r})\n"
+        "assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules)\n"
+        "print(json.dumps(result))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["step"] == 8
+    assert result["checkpoint"] == str(out / "checkpoint_000008")
+    assert "nothing to train" in run.stderr and "--max-steps" in run.stderr
