@@ -15,9 +15,9 @@ with ``raydiff.data.prepare_dataset`` into a temporary folder.
 * ray: ``raydiff.orchestrate.run_training_job`` with one worker (``TorchTrainer``, Ray Data
   shard, the loss-history sampler actor, TensorBoard on rank 0, checkpoint at the end), on a
   fresh local Ray instance per repeat (raydiff's ``start_local_ray(num_cpus=...)``,
-  ``RAY_AUTH_MODE=disabled``), ``max_steps = warmup + steps``. The window is read from the worker's own per-step TensorBoard
-  scalar ``train/loss_step`` (stamped with the wall time at the end of each step): step ``warmup`` to
-  step ``warmup + steps``. It therefore excludes cluster start, model build, the data pipeline's
+  ``RAY_AUTH_MODE=disabled``), ``max_steps = warmup + steps``. The window is read from the
+  worker's own per-step TensorBoard scalar ``train/loss_step`` (stamped with the wall time at the
+  end of each step): step ``warmup`` to step ``warmup + steps``. It therefore excludes cluster start, model build, the data pipeline's
   start and the first steps, and (with the default ``--log-interval 0``) contains no
   ``ray.train.report`` barrier: the only report happens after the last step, together with the
   end-of-run validation, sample grid and checkpoint. It includes everything else a Ray Train

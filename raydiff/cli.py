@@ -242,7 +242,7 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
 
     from raydiff.data.in_memory import load_split_tensors
     from raydiff.data.manifest import load_manifest
-    from raydiff.train.checkpoint import latest_checkpoint, read_progress
+    from raydiff.train.checkpoint import read_progress, resume_point
     from raydiff.train.loop import run_training
     from raydiff.train.preflight import check_run
     from raydiff.train.trainer import DataPosition, infinite_batches
@@ -252,7 +252,7 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
     manifest = load_manifest(config.data.data_dir)
     images, labels, _ = load_split_tensors(config.data.data_dir, config.data.train_split)
     # The same checkpoint run_training will resume from: continue its data position.
-    resumed_from = Path(resume) if resume else latest_checkpoint(Path(output).resolve())
+    resumed_from = resume_point(Path(output).resolve(), Path(resume) if resume else None)
     position = DataPosition.from_state(
         read_progress(resumed_from) if resumed_from else {}, global_batch=config.train.batch_size
     )

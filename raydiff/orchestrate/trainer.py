@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from raydiff.config import ExperimentConfig, from_dict, to_dict
-from raydiff.train.checkpoint import latest_checkpoint, read_progress
+from raydiff.train.checkpoint import read_progress, resume_point
 from raydiff.train.preflight import check_run
 
 logger = logging.getLogger(__name__)
@@ -94,9 +94,7 @@ def run_training_job(
     out = Path(output_dir).expanduser().resolve()
     resume_path = Path(resume).expanduser().resolve() if resume else None
     check_run(config, resume=resume_path)
-    # A resumed run's data pipeline starts at the checkpoint's epoch (its block order included);
-    # the workers then skip the part of that epoch already trained on.
-    resumed_from = resume_path or latest_checkpoint(out)
+    resumed_from = resume_point(out, resume_path)
     progress = read_progress(resumed_from) if resumed_from else {}
     if progress.get("step", 0) >= config.train.max_steps:
         # Re-running a finished run (`make demo` twice) would start Ray, the worker group and the
@@ -129,6 +127,8 @@ def run_training_job(
 
         # Ray Data's per-operator bars drown the training log; the dashboard shows them.
         DataContext.get_current().enable_progress_bars = False
+    # A resumed run's data pipeline starts at the checkpoint's epoch (its block order included);
+    # the workers then skip the part of that epoch already trained on.
     datasets = build_datasets(config.data, epoch_offset=progress.get("epoch", 0))
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:

@@ -123,6 +123,12 @@ def latest_checkpoint(root: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
+def resume_point(output_dir: Path, resume: Path | None) -> Path | None:
+    """The checkpoint a run continues from: ``--resume`` when given, else the newest under
+    ``output_dir`` (re-running a run continues it), else None (a fresh run)."""
+    return Path(resume) if resume is not None else latest_checkpoint(Path(output_dir))
+
+
 def load_model_weights(model: torch.nn.Module, path: str | Path) -> None:
     """Load a model state dict file (raydiff or published improved-/guided-diffusion) strictly.
 

@@ -27,9 +27,9 @@ from raydiff.core.factory import create_gaussian_diffusion, create_model
 from raydiff.core.respace import SpacedDiffusion, space_timesteps
 from raydiff.core.timestep_sampler import create_named_schedule_sampler
 from raydiff.train.checkpoint import (
-    latest_checkpoint,
     load_checkpoint,
     load_model_weights,
+    resume_point,
     save_checkpoint,
 )
 from raydiff.train.ema import EMA
@@ -159,7 +159,7 @@ def run_training(
     )
 
     ckpt_root = output_dir  # the same layout as a Ray Train run: DIR/checkpoint_NNNNNN
-    resume = resume or latest_checkpoint(ckpt_root)
+    resume = resume_point(ckpt_root, resume)
     # Data position (epoch, batches of it trained on); the caller's `batches` must start there
     # (see raydiff.cli: infinite_batches(start_epoch=..., skip_batches=...) from read_progress).
     position = DataPosition()
