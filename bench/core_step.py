@@ -228,7 +228,7 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="print torch.profiler top ops for raydiff-fp32 and ref-fp32",
+        help="print torch.profiler top ops (one extra step) for every mode that ran",
     )
     parser.add_argument("--profile-top", type=int, default=15, help="rows per profile table")
     parser.add_argument(
@@ -287,9 +287,9 @@ def main() -> None:
 
     profiles: dict[str, list[dict[str, Any]]] = {}
     if args.profile:
-        for mode in ("raydiff-fp32", "ref-fp32"):
-            if mode in steppers:
-                profiles[mode] = profile_step(steppers[mode], args.profile_top)
+        for mode, stepper in steppers.items():
+            if results[mode].step_times_s:
+                profiles[mode] = profile_step(stepper, args.profile_top)
 
     ref = results.get("ref-fp32")
     ref_ips = ref.images_per_s if ref and ref.step_times_s else float("nan")

@@ -244,11 +244,16 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
     from raydiff.data.manifest import load_manifest
     from raydiff.train.checkpoint import read_progress, resume_point
     from raydiff.train.loop import run_training
-    from raydiff.train.preflight import check_run
+    from raydiff.train.preflight import check_run, finished_run
     from raydiff.train.trainer import DataPosition, infinite_batches
 
     # One process trains the whole batch: scaling.num_workers does not apply.
     check_run(config, resume=Path(resume) if resume else None, num_workers=1)
+    finished = finished_run(
+        config, output_dir=Path(output).resolve(), resume=Path(resume) if resume else None
+    )
+    if finished is not None:
+        return finished
     manifest = load_manifest(config.data.data_dir)
     images, labels, _ = load_split_tensors(config.data.data_dir, config.data.train_split)
     # The same checkpoint run_training will resume from: continue its data position.

@@ -15,7 +15,7 @@ from typing import Any
 
 from raydiff.config import ExperimentConfig, from_dict, to_dict
 from raydiff.train.checkpoint import read_progress, resume_point
-from raydiff.train.preflight import check_run
+from raydiff.train.preflight import check_run, finished_run
 
 logger = logging.getLogger(__name__)
 
@@ -94,20 +94,11 @@ def run_training_job(
     out = Path(output_dir).expanduser().resolve()
     resume_path = Path(resume).expanduser().resolve() if resume else None
     check_run(config, resume=resume_path)
+    finished = finished_run(config, output_dir=out, resume=resume_path)
+    if finished is not None:
+        return finished
     resumed_from = resume_point(out, resume_path)
     progress = read_progress(resumed_from) if resumed_from else {}
-    if progress.get("step", 0) >= config.train.max_steps:
-        # Re-running a finished run (`make demo` twice) would start Ray, the worker group and the
-        # data pipeline only to train zero steps.
-        logger.warning(
-            "nothing to train: %s is at step %d and train.max_steps=%d; pass --max-steps N (N > "
-            "%d) to train on, or --output DIR for a new run",
-            resumed_from,
-            progress["step"],
-            config.train.max_steps,
-            progress["step"],
-        )
-        return {"step": progress["step"], "checkpoint": str(resumed_from), "output_dir": str(out)}
 
     import ray.train
     from ray.train.torch import TorchTrainer

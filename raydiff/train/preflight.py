@@ -6,11 +6,15 @@ loop, so both refuse the same configs with the same messages. No Ray, no model b
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
 from raydiff.config import ExperimentConfig
 from raydiff.data.manifest import check_compatible, load_manifest
-from raydiff.train.checkpoint import require_checkpoint_dir
+from raydiff.train.checkpoint import read_progress, require_checkpoint_dir, resume_point
+
+logger = logging.getLogger(__name__)
 
 
 def check_run(
@@ -41,3 +45,28 @@ def check_run(
             require_checkpoint_dir(resume)
         except FileNotFoundError as error:
             raise FileNotFoundError(f"--resume: {error}") from None
+
+
+def finished_run(
+    config: ExperimentConfig, *, output_dir: Path, resume: Path | None = None
+) -> dict[str, Any] | None:
+    """The result of a run that is already at ``train.max_steps``, else None (there is work).
+
+    Re-running a finished run (``make demo`` twice) would otherwise load the data, build the
+    model (and on Ray start the worker group and the data pipeline) only to train zero steps.
+    Logs a warning that says how to train on. Checkpoints written before ``progress.json``
+    existed do not count as finished here (their step is only inside ``trainer.pt``).
+    """
+    resumed_from = resume_point(output_dir, resume)
+    step = read_progress(resumed_from).get("step", 0) if resumed_from else 0
+    if resumed_from is None or step < config.train.max_steps:
+        return None
+    logger.warning(
+        "nothing to train: %s is at step %d and train.max_steps=%d; pass --max-steps N (N > %d) "
+        "to train on, or --output DIR for a new run",
+        resumed_from,
+        step,
+        config.train.max_steps,
+        step,
+    )
+    return {"step": step, "checkpoint": str(resumed_from), "output_dir": str(output_dir)}

@@ -140,3 +140,20 @@ def test_a_finished_run_returns_at_once_without_ray(dataset, tmp_path):
     assert result["step"] == 8
     assert result["checkpoint"] == str(out / "checkpoint_000008")
     assert "nothing to train" in run.stderr and "--max-steps" in run.stderr
+
+
+def test_single_process_on_a_finished_run_trains_nothing(dataset, tmp_path, caplog):
+    """`--single-process` on a run at train.max_steps returns before loading data or a model."""
+    out = tmp_path / "run"
+    (out / "checkpoint_000008").mkdir(parents=True)
+    (out / "checkpoint_000008" / "progress.json").write_text(
+        '{"step": 8, "epoch": 0, "epoch_samples": 64}'
+    )
+    overrides = [arg for o in BASE_OVERRIDES for arg in ("--set", o)]
+    argv = ["train", "--single-process", *overrides, "--data", str(dataset)]
+    with caplog.at_level("WARNING"):
+        code = main([*argv, "--output", str(out), "--max-steps", "8"])
+    assert code == 0
+    assert "nothing to train" in caplog.text
+    # No validation, sample grid, TensorBoard or new checkpoint: the folder is as it was.
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint_000008"]
