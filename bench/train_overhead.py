@@ -46,10 +46,16 @@ noise hits both; the medians over repeats and their ratio ray/plain are printed 
 busy machine single steps can stall for seconds (OpenMP threads spinning against other
 processes), which the images/s ratio takes in full and the median ignores.
 
+``--cpu-breakdown 5`` samples every process's CPU time from ``/proc`` every 5 s
+(``bench/process_cpu.py``) and prints, for each timed window, the training process's share of
+the cores against every other process by name (Ray's raylet, GCS, agents, actors, idle
+workers): where the Ray side's missing images/s went.
+
 Command (quiet machine)::
 
     python bench/train_overhead.py --steps 30 --warmup 5 --repeats 2
     python bench/train_overhead.py --steps 6 --warmup 2 --repeats 1    # smoke run, ~2 min
+    python bench/train_overhead.py --steps 60 --warmup 5 --repeats 1 --cpu-breakdown 5
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from process_cpu import ALL_CPUS, ProcessCpuSampler  # noqa: E402  (bench/, next to this script)
 
 BATCH = 16
 IMAGE_SIZE = 32
@@ -112,6 +120,8 @@ class PlainRun:
     warmup_s: float = float("nan")
     threads: int = 0
     loadavg_1min: float = float("nan")  # at the start: how busy the machine was
+    window: tuple[float, float] = (float("nan"), float("nan"))  # time.time() of the timed steps
+    cpu_percent: dict[str, float] | None = None  # --cpu-breakdown: % of one core per process
 
 
 @dataclass
@@ -127,6 +137,8 @@ class RayRun:
     reported_step: int = 0
     fit_wall_s: float = float("nan")  # run_training_job, cluster start excluded
     loadavg_1min: float = float("nan")
+    window: tuple[float, float] = (float("nan"), float("nan"))  # TensorBoard wall times
+    cpu_percent: dict[str, float] | None = None  # --cpu-breakdown: % of one core per process
     error: str | None = None
 
 
@@ -200,12 +212,14 @@ def run_plain(
         _, x, cond = next(batches)
         trainer.train_step(x, cond)
     run.warmup_s = time.perf_counter() - start
+    window_start = time.time()
     for i in range(steps):
         t0 = time.perf_counter()
         _, x, cond = next(batches)
         trainer.train_step(x, cond)
         run.step_times_s.append(time.perf_counter() - t0)
         print(f"  plain step {i + 1}/{steps}: {run.step_times_s[-1]:.3f}s", flush=True)
+    run.window = (window_start, time.time())
     run.images_per_s = steps * BATCH / sum(run.step_times_s)
     run.median_step_s = statistics.median(run.step_times_s)
     return run
@@ -339,11 +353,29 @@ def run_ray(
         return run
     run.step_times_s = [times[s] - times[s - 1] for s in range(warmup + 1, max_steps + 1)]
     run.images_per_s = steps * BATCH / (times[max_steps] - times[warmup])
+    run.window = (times[warmup], times[max_steps])
     run.median_step_s = statistics.median(run.step_times_s)
     return run
 
 
 # ---------------------------------------------------------------------------- main
+
+
+PLAIN_PROCESS = Path(__file__).name  # the plain loop trains in this process
+RAY_WORKER_PROCESS = "ray::RayTrainWorker"
+
+
+def cpu_summary(shares: dict[str, float] | None, trainer: str, top: int = 8) -> str:
+    """'trainer X%, everything else Y%: a, b, ...' from ProcessCpuSampler.shares."""
+    if shares is None:
+        return "window shorter than two samples (lower --cpu-breakdown or raise --steps)"
+    busy = shares.get(ALL_CPUS, float("nan"))
+    others = {name: pct for name, pct in shares.items() if name not in (trainer, ALL_CPUS)}
+    listed = ", ".join(f"{name} {pct:.1f}" for name, pct in list(others.items())[:top])
+    return (
+        f"{trainer} {shares.get(trainer, 0.0):.1f}%, everything else {sum(others.values()):.1f}%"
+        f" ({listed}); all CPUs busy {busy:.1f}%"
+    )
 
 
 def _median(values: list[float]) -> float:
@@ -402,6 +434,14 @@ def main() -> None:
     )
     parser.add_argument("--no-probe", action="store_true", help="skip the worker-threads probe")
     parser.add_argument(
+        "--cpu-breakdown",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sample every process's CPU time from /proc every SECONDS (e.g. 5) and print where "
+        "the cores went during each timed window (0: off)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=REPO / "bench" / "results" / "train_overhead.json",
@@ -410,6 +450,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.warmup < 1 or args.steps < 1 or args.repeats < 1:
         parser.error("--warmup, --steps and --repeats must be >= 1")
+    if args.cpu_breakdown < 0:
+        parser.error(f"--cpu-breakdown must be >= 0 seconds, got {args.cpu_breakdown}")
     num_cpus = args.num_cpus or max(4, math.ceil(args.cpus_per_worker) + 2)
 
     import torch
@@ -418,7 +460,10 @@ def main() -> None:
     plain_runs: list[PlainRun] = []
     ray_runs: list[RayRun] = []
     probe: dict[str, Any] = {}
+    sampler = ProcessCpuSampler(interval=args.cpu_breakdown) if args.cpu_breakdown else None
     try:
+        if sampler is not None:
+            sampler.start()
         print(f"preparing {NUM_IMAGES} random 32x32x3 images in {work}", flush=True)
         data_dir, pixels = prepare_data(work)
         for r in range(args.repeats):
@@ -475,7 +520,12 @@ def main() -> None:
                     flush=True,
                 )
     finally:
+        if sampler is not None:
+            sampler.stop()
         shutil.rmtree(work, ignore_errors=True)
+    if sampler is not None:
+        for run in [*plain_runs, *ray_runs]:
+            run.cpu_percent = sampler.shares(*run.window)
 
     plain_ips = _median([p.images_per_s for p in plain_runs])
     ray_ips = _median([r.images_per_s for r in ray_runs])
@@ -535,6 +585,13 @@ def main() -> None:
     for r in ray_runs:
         if r.error:
             print(f"ray error: {r.error}")
+    if sampler is not None:
+        print(
+            f"\nCPU over each timed window (% of one core, /proc every {args.cpu_breakdown:g} s):"
+        )
+        for i, (p, r) in enumerate(zip(plain_runs, ray_runs, strict=True)):
+            print(f"  {i + 1} plain: {cpu_summary(p.cpu_percent, PLAIN_PROCESS)}")
+            print(f"  {i + 1} ray:   {cpu_summary(r.cpu_percent, RAY_WORKER_PROCESS)}")
     print(
         f"\nmedian-step ratio (plain s/step / ray s/step, stall-robust) = {median_step_ratio:.3f}x"
     )
