@@ -235,7 +235,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
                     config=to_dict(config),
                 )
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
-            # Ray copies the directory to run storage atomically before report returns.
+            # Ray copies the folder into run storage (file by file, not atomically) before
+            # report returns; files.json, written last above, tells a complete copy from a
+            # partial one (raydiff.train.checkpoint).
             ray.train.report(
                 report_metrics,
                 checkpoint=ckpt,

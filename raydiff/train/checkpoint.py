@@ -8,15 +8,22 @@ Layout of ``checkpoint_000500/``::
                           skipped steps, data position, RNG states
     config.json           the full resolved config
     progress.json         step and data position (epoch, samples into it), readable without torch
+    files.json            written last: every other file's name and size in bytes
 
-Everything is written into a temporary sibling directory and renamed into place, so a crash never
-leaves a half-written checkpoint that a resume could pick up. Files are loaded with
-``torch.load(weights_only=True)``: no pickled code runs on load.
+A checkpoint is complete when ``files.json`` is there and every file it lists has its size.
+That is what makes a copy safe to resume from even when the copy is not atomic: Ray Train
+copies a reported checkpoint into run storage file by file, in no fixed order, straight into
+the final ``checkpoint_NNNNNN`` folder, so a crash mid-copy leaves a partial folder. Resuming
+from "the newest checkpoint" therefore means the newest *complete* one (:func:`latest_checkpoint`
+skips the others with a warning). The single-process loop also writes into a temporary sibling
+directory and renames it into place. Files are loaded with ``torch.load(weights_only=True)``:
+no pickled code runs on load.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -28,9 +35,13 @@ import torch
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d+)$")
 PROGRESS_FILE = "progress.json"
+FILES_FILE = "files.json"
 #: Trainer-state entries copied to progress.json: optimiser steps taken, the data epoch and how
 #: many (global) samples of that epoch were consumed.
 PROGRESS_KEYS = ("step", "epoch", "epoch_samples")
+
+
+logger = logging.getLogger(__name__)
 
 
 def checkpoint_name(step: int) -> str:
@@ -53,6 +64,27 @@ def write_checkpoint_files(
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     progress = {k: int(trainer_state[k]) for k in PROGRESS_KEYS if k in trainer_state}
     (directory / PROGRESS_FILE).write_text(json.dumps(progress, indent=2, sort_keys=True))
+    # Last: the list that tells a complete checkpoint (or copy of one) from a partial one.
+    sizes = {f.name: f.stat().st_size for f in sorted(directory.iterdir()) if f.is_file()}
+    (directory / FILES_FILE).write_text(json.dumps(sizes, indent=2, sort_keys=True))
+
+
+def incomplete_reason(directory: Path) -> str | None:
+    """Why ``directory`` is not a complete checkpoint (see the module docstring), or None."""
+    listing = Path(directory) / FILES_FILE
+    if not listing.is_file():
+        return f"no {FILES_FILE} (a partial copy, or written by a raydiff before it existed)"
+    try:
+        sizes = json.loads(listing.read_text())
+    except ValueError:
+        return f"{FILES_FILE} is not valid JSON (a partial copy)"
+    for name, size in sizes.items():
+        path = Path(directory) / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, {FILES_FILE} says {size}"
+    return None
 
 
 def read_progress(directory: Path) -> dict[str, int]:
@@ -71,19 +103,35 @@ def save_checkpoint(root: Path, step: int, **files: Any) -> Path:
     """Atomically create ``root/checkpoint_{step}`` holding ``files`` (see write_checkpoint_files)."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
+    # Temporaries of an earlier process that was killed mid-save (one writer per run folder).
+    for stale in root.glob(".checkpoint_*.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
     try:
         write_checkpoint_files(tmp, **files)
         for f in tmp.iterdir():  # make the bytes durable before the rename publishes them
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        if final.exists():  # the same step again: move the old one aside, then drop it
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-old-", dir=root))
+            os.rename(final, old / final.name)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_directory(root)  # the rename itself survives a power cut
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def require_checkpoint_dir(directory: Path) -> Path:
@@ -94,6 +142,9 @@ def require_checkpoint_dir(directory: Path) -> Path:
             f"{directory} is not a raydiff checkpoint (needs model.pt and trainer.pt); "
             "give a checkpoint_NNNNNN directory"
         )
+    # Checkpoints from before files.json existed are taken as they are when named explicitly.
+    if (directory / FILES_FILE).is_file() and (reason := incomplete_reason(directory)):
+        raise FileNotFoundError(f"{directory} is an incomplete checkpoint: {reason}")
     return directory
 
 
@@ -114,13 +165,24 @@ def load_checkpoint(directory: Path) -> dict[str, Any]:
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    """The completed checkpoint with the highest step under ``root`` (temporaries ignored)."""
+    """The complete checkpoint with the highest step under ``root``.
+
+    Temporaries are ignored; partial folders (a copy cut short by a crash, see the module
+    docstring) are skipped with a warning, so a run resumes from the newest complete checkpoint.
+    """
     if not root.is_dir():
         return None
-    found = [
-        (int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_PATTERN.match(p.name))
-    ]
-    return max(found)[1] if found else None
+    found = sorted(
+        ((int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_PATTERN.match(p.name))),
+        reverse=True,
+    )
+    for _, path in found:
+        reason = incomplete_reason(path)
+        if reason is None:
+            return path
+        hint = "" if (path / FILES_FILE).is_file() else "; --resume PATH takes it as it is"
+        logger.warning("skipping %s: not a complete checkpoint (%s)%s", path, reason, hint)
+    return None
 
 
 def resume_point(output_dir: Path, resume: Path | None) -> Path | None:

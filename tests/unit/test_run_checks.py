@@ -48,6 +48,14 @@ def config(dataset, *overrides):
     return sync_data_config(apply_overrides(ExperimentConfig(), [*base, *overrides]))
 
 
+def finished_checkpoint(directory, *, step):
+    """A checkpoint folder that is complete as far as the run checks look (progress + listing)."""
+    directory.mkdir(parents=True)
+    progress = json.dumps({"step": step, "epoch": 0, "epoch_samples": 8 * step})
+    (directory / "progress.json").write_text(progress)
+    (directory / "files.json").write_text(json.dumps({"progress.json": len(progress)}))
+
+
 def test_a_good_config_passes(dataset):
     check_run(config(dataset))
 
@@ -123,10 +131,7 @@ def test_the_job_refuses_before_importing_ray(dataset, tmp_path):
 def test_a_finished_run_returns_at_once_without_ray(dataset, tmp_path):
     """Re-running a run that reached train.max_steps trains nothing and starts nothing."""
     out = tmp_path / "run"
-    (out / "checkpoint_000008").mkdir(parents=True)
-    (out / "checkpoint_000008" / "progress.json").write_text(
-        '{"step": 8, "epoch": 0, "epoch_samples": 64}'
-    )
+    finished_checkpoint(out / "checkpoint_000008", step=8)
     cfg = to_dict(config(dataset, "train.max_steps=8"))
     code = (
         "import sys, json; from raydiff.orchestrate.trainer import run_training_job\n"
@@ -145,10 +150,7 @@ def test_a_finished_run_returns_at_once_without_ray(dataset, tmp_path):
 def test_single_process_on_a_finished_run_trains_nothing(dataset, tmp_path, caplog):
     """`--single-process` on a run at train.max_steps returns before loading data or a model."""
     out = tmp_path / "run"
-    (out / "checkpoint_000008").mkdir(parents=True)
-    (out / "checkpoint_000008" / "progress.json").write_text(
-        '{"step": 8, "epoch": 0, "epoch_samples": 64}'
-    )
+    finished_checkpoint(out / "checkpoint_000008", step=8)
     overrides = [arg for o in BASE_OVERRIDES for arg in ("--set", o)]
     argv = ["train", "--single-process", *overrides, "--data", str(dataset)]
     with caplog.at_level("WARNING"):

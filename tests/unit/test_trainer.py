@@ -9,9 +9,12 @@ import torch
 from raydiff.config import DiffusionConfig, OptimConfig, TrainConfig
 from raydiff.core import LossSecondMomentResampler, UniformSampler, create_gaussian_diffusion
 from raydiff.train.checkpoint import (
+    incomplete_reason,
     latest_checkpoint,
     load_checkpoint,
     read_progress,
+    require_checkpoint_dir,
+    resume_point,
     save_checkpoint,
 )
 from raydiff.train.trainer import DataPosition, Trainer, TrainingCollapsedError
@@ -213,6 +216,48 @@ def test_a_failed_checkpoint_write_leaves_nothing(tmp_path, monkeypatch):
         ck.save_checkpoint(tmp_path, 10, model_state={}, ema_states={}, trainer_state={}, config={})
     assert list(tmp_path.iterdir()) == []
     assert ck.latest_checkpoint(tmp_path) is None
+
+
+def _save(root, step):
+    state = {"step": step, "epoch": 0, "epoch_samples": 8 * step}
+    return save_checkpoint(
+        root, step, model_state={"w": torch.ones(3)}, ema_states={}, trainer_state=state, config={}
+    )
+
+
+def test_a_partial_copy_is_skipped_for_the_newest_complete_checkpoint(tmp_path, caplog):
+    """Ray copies a reported checkpoint file by file into its final folder: a crash mid-copy
+    leaves a partial folder, which resume must not pick up (nor take its progress for the run's).
+    """
+    import shutil
+
+    good = _save(tmp_path, 4)
+    assert incomplete_reason(good) is None
+    cut_short = tmp_path / "checkpoint_000009"  # the copy never reached files.json
+    shutil.copytree(good, cut_short)
+    (cut_short / "files.json").unlink()
+    truncated = tmp_path / "checkpoint_000012"  # files.json arrived, model.pt only in part
+    shutil.copytree(good, truncated)
+    (truncated / "model.pt").write_bytes((truncated / "model.pt").read_bytes()[:10])
+    with caplog.at_level("WARNING"):
+        assert latest_checkpoint(tmp_path) == good
+    assert "checkpoint_000012" in caplog.text and "model.pt has 10 bytes" in caplog.text
+    assert "checkpoint_000009" in caplog.text and "no files.json" in caplog.text
+    assert resume_point(tmp_path, None) == good
+    with pytest.raises(FileNotFoundError, match=r"incomplete checkpoint: model\.pt has 10 bytes"):
+        require_checkpoint_dir(truncated)
+    # A checkpoint written before files.json existed still loads when named explicitly.
+    assert require_checkpoint_dir(cut_short) == cut_short
+
+
+def test_saving_the_same_step_again_replaces_it_and_clears_stale_temporaries(tmp_path):
+    first = _save(tmp_path, 5)
+    stale = tmp_path / ".checkpoint_000007.tmp-abc"  # a save killed mid-write
+    stale.mkdir()
+    (stale / "model.pt").write_bytes(b"partial")
+    again = _save(tmp_path, 5)
+    assert again == first and latest_checkpoint(tmp_path) == again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_000005"]
 
 
 def test_wrong_batch_size_is_reported():
