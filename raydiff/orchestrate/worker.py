@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray.train
 import ray.train.torch
 import torch
@@ -128,12 +129,12 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
             state = load_checkpoint(Path(directory))
-        _restore(trainer, raw_model, state, rank)
+        _restore(trainer, state, rank)
         position = DataPosition.from_state(state["trainer"], global_batch=global_batch)
         logger.info("resumed from Ray Train's latest checkpoint at step %d", trainer.step)
     elif loop_config.get("resume"):
         state = load_checkpoint(Path(loop_config["resume"]))
-        _restore(trainer, raw_model, state, rank)
+        _restore(trainer, state, rank)
         position = DataPosition.from_state(state["trainer"], global_batch=global_batch)
         logger.info("resumed from %s at step %d", loop_config["resume"], trainer.step)
     elif config.train.init_checkpoint:
@@ -265,13 +266,17 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         step = trainer.step
         last = step == max_steps
         if writer is not None:
-            step_losses.append((step, result.losses["loss"].mean(), time.time()))
+            # The objective this step optimised: importance-weighted, as the logged means.
+            step_loss = (result.losses["loss"] * result.weights).mean()
+            step_losses.append((step, step_loss, time.time()))
         is_log = step % config.train.log_interval == 0 or last
         is_save = step % config.train.save_interval == 0 or last
         is_eval = (config.train.eval_interval and step % config.train.eval_interval == 0) or last
         is_sample = (
             config.train.sample_interval and step % config.train.sample_interval == 0
         ) or last
+        if is_sample:  # rank 0 only, no collective: any step may draw one
+            sample_grid()
         if not (is_log or is_save or is_eval):
             continue
         report_metrics: dict[str, Any] = {}
@@ -289,8 +294,6 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         if is_eval:
             report_metrics.update(evaluate())
             report_metrics.setdefault("step", step)
-        if is_sample:
-            sample_grid()
         if writer is not None:
             for logged_step, loss, wall_time in step_losses:
                 writer.add_scalar("train/loss_step", float(loss), logged_step, walltime=wall_time)
@@ -318,22 +321,17 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     return last_report
 
 
-def _restore(
-    trainer: Trainer, raw_model: torch.nn.Module, state: dict[str, Any], rank: int
-) -> None:
+def _restore(trainer: Trainer, state: dict[str, Any], rank: int) -> None:
     """Load a checkpoint's weights, EMA, optimiser and sampler state into this rank."""
-    raw_model.load_state_dict(state["model"])
-    for rate in trainer.ema.rates:
-        if rate in state["ema"]:
-            trainer.ema.load_state_dict_for(rate, state["ema"][rate])
-        else:
-            logger.warning("checkpoint has no EMA at rate %s; starting it from the model", rate)
-    trainer.load_state_dict(state["trainer"])
+    trainer.restore(state)
     # The checkpoint holds rank 0's random streams; give every rank its own again, as a function
-    # of (seed, rank, step) so a resumed run is reproducible on any number of workers.
-    seed = trainer.train_config.seed
-    trainer.sampler.generator.manual_seed(seed * 1_000_003 + rank * 7919 + trainer.step)
-    torch.manual_seed(seed + 1000 * rank + trainer.step)
+    # of (seed, rank, step) so a resumed run is reproducible on any number of workers. Hashed
+    # (SeedSequence), not summed: with seed + rank + step, rank 0 resumed at step 1000 would
+    # replay the stream rank 1 started with.
+    entropy = [trainer.train_config.seed, rank, trainer.step]
+    sampler_seed, torch_seed = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint64)
+    trainer.sampler.generator.manual_seed(int(sampler_seed) >> 1)
+    torch.manual_seed(int(torch_seed) >> 1)
 
 
 def _take_images(

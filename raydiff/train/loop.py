@@ -165,11 +165,7 @@ def run_training(
     position = DataPosition()
     if resume is not None:
         state = load_checkpoint(resume)
-        model.load_state_dict(state["model"])
-        for rate in trainer.ema.rates:
-            if rate in state["ema"]:
-                trainer.ema.load_state_dict_for(rate, state["ema"][rate])
-        trainer.load_state_dict(state["trainer"])
+        trainer.restore(state)
         torch.set_rng_state(state["trainer"]["torch_rng"])
         position = DataPosition.from_state(state["trainer"], global_batch=config.train.batch_size)
         logger.info("resumed from %s at step %d", resume, trainer.step)

@@ -36,8 +36,9 @@ class StepResult:
     """What one optimiser step did. Tensors stay on the device until someone logs them."""
 
     stepped: bool
-    losses: dict[str, torch.Tensor]  # per-sample terms over the local batch, detached
+    losses: dict[str, torch.Tensor]  # per-sample terms over the local batch, detached, unweighted
     timesteps: torch.Tensor
+    weights: torch.Tensor  # the schedule sampler's importance weights, one per sample
     grad_norm: torch.Tensor
     lr: float
     loss_scale: float
@@ -64,11 +65,14 @@ class MetricAccumulator:
             self.sums[name], self.counts[name] = value.clone(), count.clone()
 
     def add_step(self, result: StepResult) -> None:
-        # improved-diffusion's log_loss_dict: each term's mean, and its mean per quartile of t.
+        # improved-diffusion's log_loss_dict: each term's mean, and its mean per quartile of t,
+        # of the importance-weighted terms (what the step optimises; with a non-uniform sampler
+        # the raw terms over-count the timesteps it draws most).
         quartile = (4 * result.timesteps // self.num_timesteps).clamp(max=3)
         onehot = torch.nn.functional.one_hot(quartile, 4).double()  # [B, 4]
+        weights = result.weights.double()
         for key, values in result.losses.items():
-            values = values.double()
+            values = values.double() * weights
             # Slot 0: the whole batch; slots 1-4: quartiles (present even when empty, so that all
             # ranks reduce the same keys).
             sums = torch.cat([values.sum().view(1), values @ onehot])  # [5]
@@ -244,7 +248,7 @@ class Trainer:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
 
-        all_t, all_terms = [], {}
+        all_t, all_weights, all_terms = [], [], {}
         num_micro = self.local_batch_size // self.microbatch
         for i in range(num_micro):
             sl = slice(i * self.microbatch, (i + 1) * self.microbatch)
@@ -269,6 +273,7 @@ class Trainer:
                     loss = (terms["loss"].float() * weights).mean() / num_micro
                 self.precision.scale(loss).backward()
             all_t.append(t)
+            all_weights.append(weights.detach().float())
             for key, value in terms.items():
                 all_terms.setdefault(key, []).append(value.detach().float())
 
@@ -300,6 +305,7 @@ class Trainer:
             stepped=stepped,
             losses=losses,
             timesteps=timesteps,
+            weights=torch.cat(all_weights),
             grad_norm=grad_norm,
             lr=lr,
             loss_scale=self.precision.loss_scale,
@@ -347,6 +353,25 @@ class Trainer:
             "precision": self.precision.state_dict(),
             "sampler": self.sampler.state_dict(),
         }
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        """Continue from a loaded checkpoint (``raydiff.train.checkpoint.load_checkpoint``):
+        model weights, every EMA rate, optimiser, scaler, sampler and step.
+
+        An EMA rate the checkpoint lacks (one added to ``optim.ema_rate`` since) starts from the
+        restored weights, not from the weights this trainer was built with.
+        """
+        self.raw_model.load_state_dict(checkpoint["model"])
+        for rate in self.ema.rates:
+            if rate in checkpoint["ema"]:
+                self.ema.load_state_dict_for(rate, checkpoint["ema"][rate])
+            else:
+                logger.warning(
+                    "the checkpoint has no EMA at rate %s: starting it from the restored weights",
+                    rate,
+                )
+                self.ema.load_state_dict_for(rate, checkpoint["model"])
+        self.load_state_dict(checkpoint["trainer"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])

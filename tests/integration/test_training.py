@@ -66,7 +66,11 @@ def recorded_losses(checkpoint: Path) -> int:
 def test_two_workers_write_checkpoints_events_and_samples(ray_cluster, tiny_dataset, tmp_path):
     out = tmp_path / "run"
     result = run(
-        tiny_config(tiny_dataset.path, **{"train.max_steps": 8, "train.eval_interval": 4}), out
+        tiny_config(
+            tiny_dataset.path,
+            **{"train.max_steps": 8, "train.eval_interval": 4, "train.sample_interval": 3},
+        ),
+        out,
     )
     assert result["step"] == 8
     assert result["val_bpd"] > 0 and result["val_mse"] > 0
@@ -80,7 +84,12 @@ def test_two_workers_write_checkpoints_events_and_samples(ray_cluster, tiny_data
     assert final["config"]["scaling"]["num_workers"] == 2
     # Every worker's (t, loss) reached the actor: 8 steps x global batch 8.
     assert recorded_losses(out / "checkpoint_000008") == 8 * GLOBAL_BATCH
-    assert (out / "samples" / "samples_000008.png").is_file()
+    # Every sample_interval step draws a grid, also between log steps, and the last step does.
+    assert sorted(p.name for p in (out / "samples").iterdir()) == [
+        "samples_000003.png",
+        "samples_000006.png",
+        "samples_000008.png",
+    ]
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -33,7 +33,9 @@ class TinyEps(torch.nn.Module):
         return out
 
 
-def make_trainer(precision="fp32", microbatch=-1, batch=8, sampler="uniform", **train_kw):
+def make_trainer(
+    precision="fp32", microbatch=-1, batch=8, sampler="uniform", ema_rate="0.9,0.5", **train_kw
+):
     # A start scale that does not overflow this tiny model's fp16 gradients on the first step.
     train_kw.setdefault("initial_loss_scale", 2.0**10)
     torch.manual_seed(0)
@@ -50,7 +52,7 @@ def make_trainer(precision="fp32", microbatch=-1, batch=8, sampler="uniform", **
         model=model,
         diffusion=diffusion,
         sampler=s,
-        optim=OptimConfig(lr=1e-3, ema_rate="0.9,0.5"),
+        optim=OptimConfig(lr=1e-3, ema_rate=ema_rate),
         train=TrainConfig(batch_size=batch, microbatch=microbatch, precision=precision, **train_kw),
         local_batch_size=batch,
         device=torch.device("cpu"),
@@ -260,6 +262,26 @@ def test_saving_the_same_step_again_replaces_it_and_clears_stale_temporaries(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_000005"]
 
 
+def test_restore_continues_every_ema_and_starts_a_new_rate_from_the_restored_weights(tmp_path):
+    before = make_trainer(ema_rate="0.9")
+    for _ in range(3):
+        before.train_step(batch())
+    ckpt = save_checkpoint(
+        tmp_path,
+        3,
+        model_state=before.raw_model.state_dict(),
+        ema_states={0.9: before.ema.state_dict_for(0.9, before.raw_model)},
+        trainer_state=before.state_dict(),
+        config={},
+    )
+    after = make_trainer(ema_rate="0.9,0.5")  # a rate added since the checkpoint
+    after.restore(load_checkpoint(ckpt))
+    assert after.step == 3
+    torch.testing.assert_close(after.ema.params[0.9], before.ema.params[0.9], rtol=0, atol=0)
+    restored = [p.detach() for p in after.raw_model.parameters()]
+    torch.testing.assert_close(after.ema.params[0.5], restored, rtol=0, atol=0)
+
+
 def test_wrong_batch_size_is_reported():
     with pytest.raises(ValueError, match="local batch of 8"):
         make_trainer().train_step(batch(4))
@@ -306,6 +328,7 @@ def test_metric_means_per_quartile_and_reduction():
         stepped=True,
         losses={"loss": losses},
         timesteps=torch.tensor([0, 10, 60, 99]),
+        weights=torch.ones(4),
         grad_norm=torch.tensor(2.0),
         lr=1e-3,
         loss_scale=1.0,
@@ -321,6 +344,36 @@ def test_metric_means_per_quartile_and_reduction():
     doubled = acc.flush(reduce=lambda packed: {k: v * 2 for k, v in packed.items()})
     assert doubled["loss"] == pytest.approx(2.75)  # sums and counts both reduced
     assert acc.flush() == {}
+
+
+def test_logged_terms_are_importance_weighted_as_in_improved_diffusion():
+    """log_loss_dict gets ``{k: v * weights}``: the means estimate the objective the step
+    optimises, not the raw terms at the timesteps a loss-aware sampler favours."""
+    from raydiff.train.trainer import MetricAccumulator, StepResult
+
+    acc = MetricAccumulator(num_timesteps=100)
+    acc.add_step(
+        StepResult(
+            stepped=True,
+            losses={"loss": torch.tensor([1.0, 2.0, 3.0, 5.0]), "mse": torch.ones(4)},
+            timesteps=torch.tensor([0, 10, 60, 99]),
+            weights=torch.tensor([0.5, 2.0, 1.0, 0.1]),
+            grad_norm=torch.tensor(1.0),
+            lr=1e-3,
+            loss_scale=1.0,
+        )
+    )
+    out = acc.flush()
+    assert out["loss"] == pytest.approx((0.5 + 4.0 + 3.0 + 0.5) / 4)
+    assert out["loss_q0"] == pytest.approx((0.5 + 4.0) / 2)
+    assert out["mse"] == pytest.approx(3.6 / 4)
+
+
+def test_train_step_returns_the_sampler_weights():
+    trainer = make_trainer()
+    result = trainer.train_step(batch())
+    assert result.weights.shape == result.timesteps.shape
+    assert torch.all(result.weights == 1.0)  # the uniform sampler
 
 
 def test_data_position_counts_batches_per_epoch_and_round_trips():
