@@ -9,6 +9,7 @@ experiment config, which round-trips through plain dicts (YAML / checkpoints) an
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Mapping
@@ -80,7 +81,9 @@ class ModelConfig:
     resblock_updown: bool = False
     """Use residual blocks for up/down-sampling (guided-diffusion / BigGAN style)."""
     use_fp16: bool = False
-    """Store the UNet body in float16 (guided-diffusion's use_fp16)."""
+    """improved-/guided-diffusion's --use_fp16: train in fp16 with dynamic loss scaling. raydiff
+    does that with autocast and fp32 master weights: it means train.precision=fp16 (set for you
+    when precision is left at fp32; contradicting it with bf16 is an error)."""
     use_new_attention_order: bool = False
     """guided-diffusion's split-then-reshape QKV layout."""
 
@@ -337,6 +340,8 @@ class TrainConfig:
         for name in ("eval_num_images", "eval_timesteps", "sample_count", "sample_steps"):
             if getattr(self, name) < 1:
                 raise _fail(s, name, getattr(self, name), "must be >= 1")
+        if self.seed < 0:
+            raise _fail(s, "seed", self.seed, "must be >= 0")
         if self.max_consecutive_skipped < 1:
             raise _fail(s, "max_consecutive_skipped", self.max_consecutive_skipped, "must be >= 1")
         if not self.initial_loss_scale > 0:
@@ -417,10 +422,52 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         # The data pipeline needs the model's image geometry and the run's seed; they are
-        # derived here so that a config cannot disagree with itself.
+        # derived here so that a config cannot disagree with itself. A value given for one of
+        # them (in YAML) must agree with its source, or it would be dropped without a word.
+        defaults = DataConfig()
         for data_field, source in DATA_FIELDS_DERIVED.items():
             section, name = source.split(".")
-            setattr(self.data, data_field, getattr(getattr(self, section), name))
+            value = getattr(getattr(self, section), name)
+            given = getattr(self.data, data_field)
+            if given != getattr(defaults, data_field) and given != value:
+                raise ValueError(
+                    f"data.{data_field}={given!r} contradicts {source}={value!r}: data.{data_field} "
+                    f"follows {source}; set {source} (or leave data.{data_field} out)"
+                )
+            setattr(self.data, data_field, value)
+        try:  # re-check the data section with the derived values, naming their source fields
+            self.data.__post_init__()
+        except ValueError as err:
+            message = str(err)
+            for data_field, source in DATA_FIELDS_DERIVED.items():
+                message = message.replace(f"data.{data_field}=", f"{source}=")
+            raise ValueError(message) from None
+        if self.model.use_fp16:
+            if self.train.precision == "fp32":
+                self.train.precision = "fp16"
+            elif self.train.precision != "fp16":
+                raise ValueError(
+                    f"model.use_fp16=True (improved-diffusion's --use_fp16) asks for fp16 "
+                    f"training but train.precision={self.train.precision!r}: set one of them"
+                )
+        if self.train.eval_timesteps > self.diffusion.diffusion_steps:
+            raise _fail(
+                "train",
+                "eval_timesteps",
+                self.train.eval_timesteps,
+                f"the bits/dim estimate draws that many distinct timesteps of "
+                f"diffusion.diffusion_steps={self.diffusion.diffusion_steps}; use at most that",
+            )
+        anneal = self.optim.lr_anneal_steps
+        if anneal and self.train.max_steps > anneal:
+            raise _fail(
+                "train",
+                "max_steps",
+                self.train.max_steps,
+                f"runs past optim.lr_anneal_steps={anneal}, where the learning rate has decayed "
+                f"to 0 (improved-diffusion stops training there): set train.max_steps <= {anneal}"
+                f" (or raise lr_anneal_steps)",
+            )
 
 
 DATA_FIELDS_DERIVED = {
@@ -510,6 +557,9 @@ def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
     Returns a new, re-validated config; the input is not modified.
     """
     data = to_dict(config)
+    if isinstance(config, ExperimentConfig):
+        for data_field in DATA_FIELDS_DERIVED:  # derived again from their (maybe new) sources
+            del data["data"][data_field]
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
@@ -544,10 +594,31 @@ def _resolve_key(cls: type, key: str) -> list[str]:
     if len(owners) == 1:
         return [owners[0], key]
     if not owners:
+        if key in FLAGS_ELSEWHERE:
+            raise ValueError(f"{key!r} is not a config field here: {FLAGS_ELSEWHERE[key]}")
+        known = sorted(
+            f.name
+            for h in sections.values()
+            for f in dataclasses.fields(h)
+            if f.name not in derived
+        )
+        close = difflib.get_close_matches(key, known, n=3)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
         raise ValueError(
-            f"unknown config field {key!r}; use section.field (sections: {', '.join(sections)})"
+            f"unknown config field {key!r}{hint} (use section.field; sections: "
+            f"{', '.join(sections)}; `raydiff train --help` and docs/training.md list the fields)"
         )
     raise ValueError(f"field {key!r} exists in {owners}; say which with section.field")
+
+
+FLAGS_ELSEWHERE = {
+    "resume_checkpoint": "use `raydiff train --resume PATH` (a checkpoint_NNNNNN folder)",
+    "fp16_scale_growth": "torch.amp.GradScaler grows the loss scale by itself; "
+    "train.initial_loss_scale sets where it starts",
+    "use_kl_loss": "set diffusion.use_kl",
+    "clip_denoised": "a sampling option (the sample grids always clip), not a training flag",
+}
+"""improved-/guided-diffusion flags with no field of that name, and what to use instead."""
 
 
 def config_from_flags(flags: Mapping[str, Any]) -> ExperimentConfig:

@@ -103,3 +103,40 @@ def test_data_geometry_follows_the_model():
     with pytest.raises(ValueError, match=r"data\.image_size follows model\.image_size"):
         apply_overrides(ExperimentConfig(), ["data.image_size=32"])
     assert from_dict(ExperimentConfig, to_dict(cfg)) == cfg
+
+
+def test_derived_data_fields_are_checked_and_errors_name_their_source():
+    with pytest.raises(ValueError, match=r"model\.in_channels=2 is invalid"):
+        apply_overrides(ExperimentConfig(), ["in_channels=2"])
+    with pytest.raises(ValueError, match=r"train\.seed=-1 is invalid"):
+        apply_overrides(ExperimentConfig(), ["seed=-1"])
+    # A YAML value for a derived field must agree with its source, not vanish.
+    with pytest.raises(ValueError, match=r"data\.seed=5 contradicts train\.seed=0"):
+        from_dict(ExperimentConfig, {"data": {"seed": 5}})
+    same = from_dict(ExperimentConfig, {"model": {"image_size": 32}, "data": {"image_size": 32}})
+    assert same.data.image_size == 32
+    # Overriding the source of a derived field re-derives it.
+    assert apply_overrides(same, ["image_size=64"]).data.image_size == 64
+
+
+def test_use_fp16_means_fp16_training():
+    assert apply_overrides(ExperimentConfig(), ["use_fp16=True"]).train.precision == "fp16"
+    with pytest.raises(ValueError, match=r"use_fp16=True .* train\.precision='bf16'"):
+        apply_overrides(ExperimentConfig(), ["use_fp16=True", "precision=bf16"])
+
+
+def test_cross_section_limits():
+    with pytest.raises(ValueError, match=r"train\.eval_timesteps=2000 is invalid"):
+        apply_overrides(ExperimentConfig(), ["eval_timesteps=2000"])
+    # improved-diffusion stops at lr_anneal_steps: running past it trains at lr 0.
+    with pytest.raises(ValueError, match=r"train\.max_steps=1000 .* optim\.lr_anneal_steps=100"):
+        apply_overrides(ExperimentConfig(), ["lr_anneal_steps=100"])
+    cfg = apply_overrides(ExperimentConfig(), ["lr_anneal_steps=100", "max_steps=100"])
+    assert cfg.train.max_steps == cfg.optim.lr_anneal_steps == 100
+
+
+def test_unknown_flags_get_suggestions_or_their_raydiff_equivalent():
+    with pytest.raises(ValueError, match="did you mean noise_schedule"):
+        apply_overrides(ExperimentConfig(), ["noise_schedul=cosine"])
+    with pytest.raises(ValueError, match=r"raydiff train --resume PATH"):
+        apply_overrides(ExperimentConfig(), ["resume_checkpoint=model.pt"])
