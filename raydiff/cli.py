@@ -181,9 +181,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--data",
-        default=DEFAULT_DATA,
-        help="prepared dataset (folder or URI with manifest.json); the default is prepared "
-        "from fashion-mnist when missing (default: %(default)s)",
+        default=None,
+        help="prepared dataset (folder or URI with manifest.json); sets data.data_dir (default: "
+        f"the config's data.data_dir; {DEFAULT_DATA}, the demo's, is prepared from "
+        "fashion-mnist when missing)",
     )
     parser.add_argument("--output", default="runs/demo", help="run folder (default: %(default)s)")
     parser.add_argument("--max-steps", type=int, default=None, help="sets train.max_steps")
@@ -213,17 +214,20 @@ def run_train(args: argparse.Namespace) -> int:
         overrides.append(f"train.max_steps={args.max_steps}")
     if args.num_workers is not None:
         overrides.append(f"scaling.num_workers={args.num_workers}")
-    overrides.append(f"data.data_dir={args.data}")
+    if args.data is not None:
+        overrides.append(f"data.data_dir={args.data}")
     config_path = args.config
     if config_path is None:
         config_path = str(Path(__file__).resolve().parent.parent / DEFAULT_CONFIG)
     config = load_config(config_path, overrides)
-    if args.data == DEFAULT_DATA and not (Path(args.data) / "manifest.json").is_file():
+    data_dir = config.data.data_dir
+    embedded = "://" not in data_dir and Path(data_dir).resolve() == Path(DEFAULT_DATA).resolve()
+    if embedded and not (Path(data_dir) / "manifest.json").is_file():
         from raydiff.data.prepare import PrepareOptions, prepare_dataset
 
-        logger.info("preparing the embedded Fashion-MNIST dataset into %s (once)", args.data)
+        logger.info("preparing the embedded Fashion-MNIST dataset into %s (once)", data_dir)
         with _terminate_as_exit():
-            print(prepare_dataset(PrepareOptions(source="fashion-mnist", out=args.data)).format())
+            print(prepare_dataset(PrepareOptions(source="fashion-mnist", out=data_dir)).format())
     output = Path(args.output)
     if args.single_process:
         result = _train_single_process(config, output=output, resume=args.resume)

@@ -159,3 +159,21 @@ def test_single_process_on_a_finished_run_trains_nothing(dataset, tmp_path, capl
     assert "nothing to train" in caplog.text
     # No validation, sample grid, TensorBoard or new checkpoint: the folder is as it was.
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint_000008"]
+
+
+def test_a_config_keeps_its_data_dir_unless_data_is_given(dataset, tmp_path, capsys):
+    """`--data` defaults to the config's data.data_dir (a preset's own dataset), and only the
+    embedded demo path is prepared on the fly."""
+    missing = tmp_path / "cifar10"
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(f"data:\n  data_dir: {missing}\n")
+    args = ["train", "--config", str(preset), "--single-process", "--output", str(tmp_path / "r")]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert f"no manifest.json in '{missing}'" in err and "raydiff prepare" in err
+    assert not missing.exists() and not (tmp_path / "r").exists()
+    # --data wins over the config's folder: the checks pass on it (the run is already finished,
+    # so nothing trains).
+    overrides = [arg for o in BASE_OVERRIDES for arg in ("--set", o)]
+    finished_checkpoint(tmp_path / "r" / "checkpoint_000001", step=1)
+    assert main([*args, *overrides, "--data", str(dataset), "--max-steps", "1"]) == 0
