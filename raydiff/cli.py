@@ -248,7 +248,7 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
     from raydiff.data.manifest import load_manifest
     from raydiff.train.checkpoint import read_progress, resume_point
     from raydiff.train.loop import run_training
-    from raydiff.train.preflight import check_run, finished_run
+    from raydiff.train.preflight import check_resume_compatible, check_run, finished_run
     from raydiff.train.trainer import DataPosition, infinite_batches
 
     # One process trains the whole batch: scaling.num_workers does not apply.
@@ -262,6 +262,8 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
     images, labels, _ = load_split_tensors(config.data.data_dir, config.data.train_split)
     # The same checkpoint run_training will resume from: continue its data position.
     resumed_from = resume_point(Path(output).resolve(), Path(resume) if resume else None)
+    if resumed_from is not None:
+        check_resume_compatible(config, resumed_from)
     position = DataPosition.from_state(
         read_progress(resumed_from) if resumed_from else {}, global_batch=config.train.batch_size
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 from raydiff.config import ExperimentConfig, from_dict, to_dict
 from raydiff.train.checkpoint import read_progress, resume_point
-from raydiff.train.preflight import check_run, finished_run
+from raydiff.train.preflight import check_resume_compatible, check_run, finished_run
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,8 @@ def run_training_job(
         return finished
     resumed_from = resume_point(out, resume_path)
     progress = read_progress(resumed_from) if resumed_from else {}
+    if resumed_from is not None:
+        check_resume_compatible(config, resumed_from)
 
     import ray.train
     from ray.train.torch import TorchTrainer

@@ -6,11 +6,12 @@ loop, so both refuse the same configs with the same messages. No Ray, no model b
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from raydiff.config import ExperimentConfig
+from raydiff.config import ExperimentConfig, to_dict
 from raydiff.data.manifest import check_compatible, load_manifest
 from raydiff.train.checkpoint import read_progress, require_checkpoint_dir, resume_point
 
@@ -70,3 +71,36 @@ def finished_run(
         step,
     )
     return {"step": step, "checkpoint": str(resumed_from), "output_dir": str(output_dir)}
+
+
+# Fields a resumed run may change: they do not change the weights' meaning or the objective.
+RESUMABLE_CHANGES = frozenset({"model.use_checkpoint", "model.dropout", "model.use_fp16"})
+
+
+def check_resume_compatible(config: ExperimentConfig, checkpoint: Path) -> None:
+    """Refuse to continue ``checkpoint`` with other model or diffusion settings.
+
+    A different architecture fails deep inside ``load_state_dict``; a different noise schedule,
+    T, parameterisation or loss loads fine and silently trains something else. The message names
+    each differing field and how to start a new run from the weights instead.
+    """
+    saved_file = Path(checkpoint) / "config.json"
+    if not saved_file.is_file():
+        return
+    saved = json.loads(saved_file.read_text())
+    current = to_dict(config)
+    changed = [
+        f"{section}.{name}: checkpoint {saved[section][name]!r}, now {value!r}"
+        for section in ("model", "diffusion")
+        for name, value in current[section].items()
+        if name in saved.get(section, {})
+        and saved[section][name] != value
+        and f"{section}.{name}" not in RESUMABLE_CHANGES
+    ]
+    if changed:
+        raise ValueError(
+            f"cannot continue {checkpoint} with different model/diffusion settings ("
+            + "; ".join(changed)
+            + f"). Use the checkpoint's settings to continue it, or start a new run from its "
+            f"weights: --output NEW_DIR --set train.init_checkpoint={Path(checkpoint) / 'model.pt'}"
+        )

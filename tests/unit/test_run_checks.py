@@ -177,3 +177,25 @@ def test_a_config_keeps_its_data_dir_unless_data_is_given(dataset, tmp_path, cap
     overrides = [arg for o in BASE_OVERRIDES for arg in ("--set", o)]
     finished_checkpoint(tmp_path / "r" / "checkpoint_000001", step=1)
     assert main([*args, *overrides, "--data", str(dataset), "--max-steps", "1"]) == 0
+
+
+def test_continuing_a_run_with_other_model_or_diffusion_settings_is_refused(dataset, tmp_path):
+    from raydiff.train.preflight import check_resume_compatible
+
+    ckpt = tmp_path / "run" / "checkpoint_000004"
+    finished_checkpoint(ckpt, step=4)
+    trained = config(dataset, "noise_schedule=cosine", "dropout=0.1")
+    (ckpt / "config.json").write_text(json.dumps(to_dict(trained)))
+    check_resume_compatible(trained, ckpt)
+    # Dropout and gradient checkpointing may change; the schedule and the width may not.
+    check_resume_compatible(config(dataset, "noise_schedule=cosine", "use_checkpoint=True"), ckpt)
+    changed = config(dataset, "noise_schedule=linear", "num_channels=64")
+    with pytest.raises(ValueError, match=r"diffusion\.noise_schedule: checkpoint 'cosine'") as err:
+        check_resume_compatible(changed, ckpt)
+    assert "model.num_channels: checkpoint 32, now 64" in str(err.value)
+    assert "train.init_checkpoint=" in str(err.value)
+    # The CLI refuses before loading data or building a model (the run folder's newest
+    # checkpoint is what re-running continues).
+    overrides = [arg for o in [*BASE_OVERRIDES, "noise_schedule=linear"] for arg in ("--set", o)]
+    argv = ["train", "--single-process", *overrides, "--data", str(dataset)]
+    assert main([*argv, "--output", str(tmp_path / "run"), "--max-steps", "8"]) == 1
