@@ -6,6 +6,7 @@ so a Tune trial (the sweep issue) can call it once per trial.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -28,6 +29,9 @@ def sync_data_config(config: ExperimentConfig) -> ExperimentConfig:
 
 def _absolute(uri: str) -> str:
     return uri if "://" in uri else str(Path(uri).expanduser().resolve())
+
+
+RUN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def ensure_ray(*, num_workers: int, cpus_per_worker: float) -> None:
@@ -94,6 +98,14 @@ def run_training_job(
     out = Path(output_dir).expanduser().resolve()
     resume_path = Path(resume).expanduser().resolve() if resume else None
     check_run(config, resume=resume_path)
+    if not RUN_NAME.fullmatch(out.name):
+        # Ray Train stores the run under storage_path/name: a sanitised name would put the
+        # checkpoints in another folder than the one every other file (and resume) uses.
+        raise ValueError(
+            f"--output {output_dir}: the run folder's name {out.name!r} becomes the Ray Train run "
+            f"name and may only hold letters, digits, '_', '.' and '-' (e.g. "
+            f"{re.sub(r'[^A-Za-z0-9_.-]', '-', out.name)!r})"
+        )
     finished = finished_run(config, output_dir=out, resume=resume_path)
     if finished is not None:
         return finished
@@ -112,7 +124,10 @@ def run_training_job(
     scaling = config.scaling
     ensure_ray(num_workers=scaling.num_workers, cpus_per_worker=scaling.cpus_per_worker)
 
-    run_name = re.sub(r"[^A-Za-z0-9_.-]", "-", out.name)
+    run_name = out.name
+    # The sampler actor is named per run folder, not per folder name: two runs called "demo" in
+    # different places must not share (or kill) one loss history.
+    actor_key = f"{run_name}-{hashlib.sha1(str(out).encode()).hexdigest()[:10]}"
     if any(out.glob("checkpoint_0*")):
         logger.info("%s holds checkpoints: continuing that run from its latest one", out)
     if not show_data_progress:
@@ -125,12 +140,12 @@ def run_training_job(
     datasets = build_datasets(config.data, epoch_offset=progress.get("epoch", 0))
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:
-        get_or_create_actor(run_name, num_timesteps=config.diffusion.diffusion_steps)
+        get_or_create_actor(actor_key, num_timesteps=config.diffusion.diffusion_steps)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
             "config": to_dict(config),
-            "run_name": run_name,
+            "actor_key": actor_key,
             "output_dir": str(out),
             "resume": str(resume_path) if resume_path else None,
             "datasets": sorted(datasets),
@@ -156,7 +171,7 @@ def run_training_job(
         result = trainer.fit()
     finally:
         if actor_needed:
-            kill_actor(run_name)
+            kill_actor(actor_key)
     metrics = dict(result.return_value or {})
     if result.checkpoint is not None:
         metrics["checkpoint"] = result.checkpoint.path

@@ -83,9 +83,12 @@ def _all_reduce_sum(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
-    """The function every Ray Train worker runs. ``loop_config``: config, run_name, output_dir, resume."""
+    """The function every Ray Train worker runs.
+
+    ``loop_config``: config, actor_key (names the run's sampler actor), output_dir, resume.
+    """
     config = from_dict(ExperimentConfig, loop_config["config"])
-    run_name: str = loop_config["run_name"]
+    actor_key: str = loop_config["actor_key"]
     output_dir = Path(loop_config["output_dir"])
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -103,7 +106,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     if config.train.schedule_sampler == "loss-second-moment":
         sampler = ActorSyncedSampler(
             diffusion,
-            run_name=run_name,
+            run_name=actor_key,
             rank=rank,
             seed=config.train.seed * 1000 + rank,
             refresh_interval=config.scaling.sampler_refresh_interval,

@@ -199,3 +199,12 @@ def test_continuing_a_run_with_other_model_or_diffusion_settings_is_refused(data
     overrides = [arg for o in [*BASE_OVERRIDES, "noise_schedule=linear"] for arg in ("--set", o)]
     argv = ["train", "--single-process", *overrides, "--data", str(dataset)]
     assert main([*argv, "--output", str(tmp_path / "run"), "--max-steps", "8"]) == 1
+
+
+def test_an_output_name_ray_would_rename_is_refused(dataset, tmp_path):
+    """Ray Train stores checkpoints under storage_path/name: a name it cannot use must not be
+    quietly changed (checkpoints would land beside the run folder, and resume would miss them)."""
+    cfg = to_dict(config(dataset))
+    with pytest.raises(ValueError, match=r"'lr=1e-3' becomes the Ray Train run name.*'lr-1e-3'"):
+        run_training_job(cfg, output_dir=str(tmp_path / "lr=1e-3"))
+    assert not (tmp_path / "lr=1e-3").exists()
