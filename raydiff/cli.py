@@ -159,7 +159,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 # train
 
-DEFAULT_CONFIG = "configs/demo.yaml"
+DEFAULT_CONFIG = "demo"  # a preset name: raydiff/configs/demo.yaml (configs/demo.yaml)
 DEFAULT_DATA = "data/fashion-mnist"
 
 
@@ -168,7 +168,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
         default=None,
-        help=f"YAML config (default: {DEFAULT_CONFIG}, the Fashion-MNIST demo)",
+        help="YAML config file, or a preset's name (demo, cifar10_hybrid, cifar10_vlb, "
+        "imagenet64_hybrid, imagenet64_cond; configs/NAME.yaml) (default: demo, the "
+        "Fashion-MNIST demo)",
     )
     parser.add_argument(
         "--set",
@@ -216,10 +218,7 @@ def run_train(args: argparse.Namespace) -> int:
         overrides.append(f"scaling.num_workers={args.num_workers}")
     if args.data is not None:
         overrides.append(f"data.data_dir={args.data}")
-    config_path = args.config
-    if config_path is None:
-        config_path = str(Path(__file__).resolve().parent.parent / DEFAULT_CONFIG)
-    config = load_config(config_path, overrides)
+    config = load_config(args.config or DEFAULT_CONFIG, overrides)
     data_dir = config.data.data_dir
     embedded = "://" not in data_dir and Path(data_dir).resolve() == Path(DEFAULT_DATA).resolve()
     if embedded and not (Path(data_dir) / "manifest.json").is_file():

@@ -14,6 +14,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from raydiff.data.config import DataConfig
@@ -629,17 +630,36 @@ def config_from_flags(flags: Mapping[str, Any]) -> ExperimentConfig:
     return apply_overrides(ExperimentConfig(), [f"{k}={v}" for k, v in flags.items()])
 
 
+PRESETS_DIR = Path(__file__).resolve().parent / "configs"
+"""The presets shipped with the package (``configs/`` in the repository links here)."""
+
+
+def preset_names() -> list[str]:
+    """Names of the shipped presets (``demo``, ``cifar10_hybrid``, ...)."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def resolve_config_path(path_or_preset: str) -> Path:
+    """A YAML file's path, or a shipped preset's by name (``cifar10_hybrid``)."""
+    file = Path(path_or_preset)
+    if file.is_file():
+        return file
+    preset = PRESETS_DIR / f"{path_or_preset.removesuffix('.yaml')}.yaml"
+    if "/" not in path_or_preset and preset.is_file():
+        return preset
+    raise FileNotFoundError(
+        f"config file {path_or_preset!r} does not exist (presets by name: "
+        f"{', '.join(preset_names())})"
+    )
+
+
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
-    """An ``ExperimentConfig`` from a YAML file (or the defaults) plus ``--set`` overrides."""
+    """An ``ExperimentConfig`` from a YAML file or preset name (or the defaults) plus ``--set``
+    overrides."""
     import yaml
 
     data: dict[str, Any] = {}
     if path is not None:
-        from pathlib import Path
-
-        file = Path(path)
-        if not file.is_file():
-            raise FileNotFoundError(f"config file {path!r} does not exist")
-        data = yaml.safe_load(file.read_text()) or {}
+        data = yaml.safe_load(resolve_config_path(path).read_text()) or {}
     config = from_dict(ExperimentConfig, data)
     return apply_overrides(config, overrides or [])

@@ -22,6 +22,12 @@ else
   py="$PWD/.venv/bin/python"
 fi
 
+if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  log "raydiff needs Python >= 3.11; $py is $("$py" -c 'import platform; print(platform.python_version())')."
+  log "Create the environment with a newer interpreter, e.g. 'python3.11 -m venv .venv', and run again."
+  exit 1
+fi
+
 # Re-install only when the dependency files change.
 stamp_dir=$("$py" -c 'import sys; print(sys.prefix)')
 stamp="$stamp_dir/.raydiff-setup-stamp"

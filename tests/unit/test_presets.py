@@ -37,3 +37,14 @@ def test_demo_uses_the_measured_recipe():
     config = load_config(str(CONFIGS / "demo.yaml"))
     assert (config.model.image_size, config.model.in_channels) == (32, 1)
     assert config.scaling.num_workers == 2
+
+
+def test_presets_load_by_name_and_ship_inside_the_package():
+    from raydiff.config import PRESETS_DIR, preset_names, resolve_config_path
+
+    assert PRESETS_DIR.parent.name == "raydiff"  # package data: a wheel install has them too
+    assert set(preset_names()) == {p.stem for p in CONFIGS.glob("*.yaml")}
+    assert resolve_config_path("cifar10_hybrid") == PRESETS_DIR / "cifar10_hybrid.yaml"
+    assert load_config("demo") == load_config(str(CONFIGS / "demo.yaml"))
+    with pytest.raises(FileNotFoundError, match="presets by name: cifar10_hybrid"):
+        resolve_config_path("cifar11")
