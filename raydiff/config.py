@@ -313,7 +313,7 @@ class TrainConfig:
     eval_num_images: int = 256
     """Validation images per evaluation (over all workers)."""
     eval_timesteps: int = 10
-    """Stratified timesteps per image for the bits/dim estimate."""
+    """Timesteps per image for the bits/dim estimate (t = T-1 and geometric strata of the rest)."""
     sample_count: int = 64
     """Images in each sample grid."""
     sample_steps: int = 50

@@ -1,10 +1,10 @@
-"""The stratified bits/dim estimate: its timesteps, exactness at K = T, unbiasedness."""
+"""The stratified bits/dim estimate: its timesteps, exactness at K = T, unbiasedness, spread."""
 
 import torch
 
 from raydiff.config import DiffusionConfig
 from raydiff.core import create_gaussian_diffusion
-from raydiff.train.validation import estimate_bpd, stratified_timesteps
+from raydiff.train.validation import BoundTimesteps, estimate_bpd, stratified_timesteps
 
 
 def model(x, t, **kwargs):
@@ -18,20 +18,34 @@ def diffusion(steps=20):
     )
 
 
-def test_one_timestep_per_stratum_fixed_by_the_seed():
-    t = stratified_timesteps(1000, 10, seed=3)
-    assert t.shape == (10,)
-    assert all(100 * k <= int(t[k]) < 100 * (k + 1) for k in range(10))
-    assert torch.equal(t, stratified_timesteps(1000, 10, seed=3))
-    assert not torch.equal(t, stratified_timesteps(1000, 10, seed=4))
-    assert torch.equal(stratified_timesteps(20, 20, seed=0), torch.arange(20))
+def test_geometric_strata_and_the_last_step_fixed_by_the_seed():
+    b = stratified_timesteps(1000, 10, seed=3)
+    assert b.timesteps.shape == b.weights.shape == (10,)
+    assert b.weights.sum() == 1000  # the strata tile [0, T)
+    # Narrow strata at the start (t = 0 and 1 exactly), the last step on its own.
+    assert b.timesteps[:2].tolist() == [0, 1] and b.weights[:2].tolist() == [1, 1]
+    assert b.timesteps[-1] == 999 and b.weights[-1] == 1
+    assert torch.all(b.weights[1:-1].diff() >= 0)  # widths grow
+    again = stratified_timesteps(1000, 10, seed=3)
+    assert torch.equal(b.timesteps, again.timesteps)
+    assert not torch.equal(b.timesteps, stratified_timesteps(1000, 10, seed=4).timesteps)
+    every = stratified_timesteps(20, 20, seed=0)
+    assert torch.equal(every.timesteps, torch.arange(20)) and torch.all(every.weights == 1)
+    for count in (1, 2, 3, 7):  # any count tiles [0, T) with distinct timesteps
+        b = stratified_timesteps(50, count, seed=1)
+        assert b.weights.sum() == 50 and len(set(b.timesteps.tolist())) == len(b.timesteps)
+        assert len(b.timesteps) <= count
 
 
 def test_with_every_timestep_it_equals_calc_bpd_loop():
     d = diffusion()
     x = torch.rand(3, 1, 4, 4) * 2 - 1
     totals = estimate_bpd(
-        diffusion=d, model=model, batches=[(x, {})], timesteps=torch.arange(20), seed=5
+        diffusion=d,
+        model=model,
+        batches=[(x, {})],
+        timesteps=stratified_timesteps(20, 20, seed=0),
+        seed=5,
     )
     exact = d.calc_bpd_loop(
         model, x, clip_denoised=False, generator=torch.Generator().manual_seed(5)
@@ -63,7 +77,7 @@ def test_unbiased_over_the_draw_of_the_strata():
                 diffusion=d,
                 model=model,
                 batches=[(x, {})],
-                timesteps=stratified_timesteps(20, 4, seed=s),
+                timesteps=stratified_timesteps(20, 5, seed=s),
                 seed=s,
             )["bpd_sum"]
             for s in range(300)
@@ -71,3 +85,20 @@ def test_unbiased_over_the_draw_of_the_strata():
     ).float()
     stderr = estimates.std() / len(estimates) ** 0.5
     assert abs(estimates.mean() - exact) < 4 * stderr + 0.02 * exact.abs()
+
+
+def test_one_large_term_no_longer_decides_the_estimate():
+    """A bound whose last term is large (eps-prediction, fixed variance, cosine schedule) made
+    the equal-strata estimate swing by ~100x between seeds of the draw; every draw now includes
+    t = T-1, and small t sit in narrow strata."""
+    per_t = 1.0 / torch.arange(1, 1001, dtype=torch.float64)  # early terms large, ~1/t
+    per_t[-1] = 2.0  # and a large last term, as measured on the demo's weights
+    exact = per_t.sum()
+    estimates = []
+    for seed in range(200):
+        b = stratified_timesteps(1000, 10, seed=seed)
+        estimates.append(float((b.weights * per_t[b.timesteps]).sum()))
+    estimates = torch.tensor(estimates)
+    assert abs(estimates.mean() - exact) < 0.05 * exact  # unbiased
+    assert estimates.std() < 0.1 * exact
+    assert isinstance(stratified_timesteps(1000, 10, seed=0), BoundTimesteps)
