@@ -286,7 +286,9 @@ class TrainConfig:
     """The training run: batch, precision, length, intervals."""
 
     batch_size: int = 64
-    """Global batch size (over all workers); per-worker batches are derived from it."""
+    """Global batch size (over all workers); per-worker batches are derived from it. The one
+    default that differs from improved-diffusion's (its image_train.py has 1, a per-process
+    batch; its published runs set it)."""
     microbatch: int = -1
     """Per-worker microbatch for gradient accumulation (-1: no accumulation)."""
     precision: Precision = "fp32"

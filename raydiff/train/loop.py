@@ -167,6 +167,9 @@ def run_training(
         state = load_checkpoint(resume)
         trainer.restore(state)
         torch.set_rng_state(state["trainer"]["torch_rng"])
+        if device.type == "cuda" and "cuda_rng" in state["trainer"]:
+            # Dropout and q_sample noise on the GPU draw from its own generator.
+            torch.cuda.set_rng_state(state["trainer"]["cuda_rng"], device)
         position = DataPosition.from_state(state["trainer"], global_batch=config.train.batch_size)
         logger.info("resumed from %s at step %d", resume, trainer.step)
     elif config.train.init_checkpoint:
@@ -188,6 +191,8 @@ def run_training(
         trainer_state = trainer.state_dict()
         trainer_state.update(position.state(global_batch=config.train.batch_size))
         trainer_state["torch_rng"] = torch.get_rng_state()
+        if device.type == "cuda":
+            trainer_state["cuda_rng"] = torch.cuda.get_rng_state(device)
         return save_checkpoint(
             ckpt_root,
             trainer.step,
