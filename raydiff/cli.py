@@ -247,11 +247,17 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
     from raydiff.data.manifest import load_manifest
     from raydiff.train.checkpoint import read_progress, resume_point
     from raydiff.train.loop import run_training
-    from raydiff.train.preflight import check_resume_compatible, check_run, finished_run
+    from raydiff.train.preflight import (
+        check_resume_compatible,
+        check_resume_target,
+        check_run,
+        finished_run,
+    )
     from raydiff.train.trainer import DataPosition, infinite_batches
 
     # One process trains the whole batch: scaling.num_workers does not apply.
     check_run(config, resume=Path(resume) if resume else None, num_workers=1)
+    check_resume_target(Path(output).resolve(), Path(resume) if resume else None)
     finished = finished_run(
         config, output_dir=Path(output).resolve(), resume=Path(resume) if resume else None
     )
@@ -273,6 +279,7 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
         seed=config.train.seed,
         start_epoch=position.epoch,
         skip_batches=position.batches,
+        random_flip=config.data.random_flip,
     )
     val_data = None
     if config.data.val_split and config.data.val_split in manifest.splits:

@@ -16,7 +16,12 @@ from typing import Any
 
 from raydiff.config import ExperimentConfig, from_dict, to_dict
 from raydiff.train.checkpoint import read_progress, resume_point
-from raydiff.train.preflight import check_resume_compatible, check_run, finished_run
+from raydiff.train.preflight import (
+    check_resume_compatible,
+    check_resume_target,
+    check_run,
+    finished_run,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +52,19 @@ def ensure_ray(*, num_workers: int, cpus_per_worker: float) -> None:
         ray.init(address=address)
         return
     if not address:
-        try:
-            ray.init(address="auto")
-            logger.info("connected to the running Ray cluster")
-            return
-        except ConnectionError:
-            pass
+        # A cluster started with `ray start` on this machine records its address in Ray's temp
+        # folder. Not ray.init(address="auto"): that also joins any other process's private
+        # ray.init() instance, and the run dies with that process.
+        from ray._private.services import find_bootstrap_address
+
+        cluster = find_bootstrap_address(None)
+        if cluster:
+            try:
+                ray.init(address=cluster)
+                logger.info("connected to the Ray cluster at %s (ray start)", cluster)
+                return
+            except ConnectionError:  # a stale record of a stopped cluster
+                logger.info("no Ray cluster answers at %s; starting a local one", cluster)
     # A new local instance (RAY_ADDRESS=local forces one). Training workers must not take every
     # CPU or Ray Data has none left to decode with, hence the spare logical CPUs.
     needed = math.ceil(num_workers * cpus_per_worker) + 2
@@ -98,6 +110,7 @@ def run_training_job(
     out = Path(output_dir).expanduser().resolve()
     resume_path = Path(resume).expanduser().resolve() if resume else None
     check_run(config, resume=resume_path)
+    check_resume_target(out, resume_path)
     if not RUN_NAME.fullmatch(out.name):
         # Ray Train stores the run under storage_path/name: a sanitised name would put the
         # checkpoints in another folder than the one every other file (and resume) uses.
@@ -128,8 +141,8 @@ def run_training_job(
     # The sampler actor is named per run folder, not per folder name: two runs called "demo" in
     # different places must not share (or kill) one loss history.
     actor_key = f"{run_name}-{hashlib.sha1(str(out).encode()).hexdigest()[:10]}"
-    if any(out.glob("checkpoint_0*")):
-        logger.info("%s holds checkpoints: continuing that run from its latest one", out)
+    if resumed_from is not None:
+        logger.info("continuing from %s (step %d)", resumed_from, progress.get("step", 0))
     if not show_data_progress:
         from ray.data import DataContext
 
@@ -147,7 +160,10 @@ def run_training_job(
             "config": to_dict(config),
             "actor_key": actor_key,
             "output_dir": str(out),
-            "resume": str(resume_path) if resume_path else None,
+            # What the workers start from when Ray Train has no checkpoint of its own for this
+            # run (after a failure it has, and that one is newer): --resume, or the newest
+            # complete checkpoint in the folder (also one a --single-process run wrote).
+            "resume": str(resumed_from) if resumed_from else None,
             "datasets": sorted(datasets),
         },
         scaling_config=ray.train.ScalingConfig(

@@ -37,6 +37,7 @@ from raydiff.train.trainer import (
     Trainer,
     format_eta,
     now,
+    progress_fields,
 )
 from raydiff.train.validation import (
     estimate_bpd,
@@ -140,10 +141,14 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         _restore(trainer, state, rank)
         position = DataPosition.from_state(state["trainer"], global_batch=global_batch)
         logger.info("resumed from %s at step %d", loop_config["resume"], trainer.step)
-    elif config.train.init_checkpoint:
-        load_model_weights(raw_model, config.train.init_checkpoint)
-        trainer.ema = EMA(raw_model, config.optim.ema_rates())
-        logger.info("initialised the weights from %s", config.train.init_checkpoint)
+    else:
+        if config.train.init_checkpoint:
+            load_model_weights(raw_model, config.train.init_checkpoint)
+            trainer.ema = EMA(raw_model, config.optim.ema_rates())
+            logger.info("initialised the weights from %s", config.train.init_checkpoint)
+        if isinstance(sampler, ActorSyncedSampler):
+            # The actor outlives a worker group that failed before its first checkpoint.
+            sampler.reset_history()
 
     # Continue inside the resumed epoch: every rank skips the batches the run already trained
     # on (per-rank batches per epoch do not depend on the worker count: rows / global batch).
@@ -163,7 +168,12 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     if rank == 0:
         from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(str(output_dir / "tensorboard"))
+        writer = SummaryWriter(
+            str(output_dir / "tensorboard"),
+            # A resumed run drops events a failed attempt logged past its checkpoint: without
+            # this TensorBoard shows two curves over the same steps.
+            purge_step=trainer.step + 1 if trainer.step else None,
+        )
     preview = sampling_diffusion(diffusion, steps=config.train.sample_steps)
     eval_t = stratified_timesteps(
         diffusion.num_timesteps, config.train.eval_timesteps, seed=config.train.seed
@@ -283,6 +293,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         if not (is_log or is_save or is_eval):
             continue
         report_metrics: dict[str, Any] = {}
+        if is_save and isinstance(sampler, ActorSyncedSampler):
+            # Every rank's losses up to this step are in the history rank 0 checkpoints (the
+            # collective in metrics.flush below orders this before rank 0's fetch).
+            sampler.wait_for_records()
         if is_log or is_save:
             # Loss terms over every rank's samples (grad_norm is identical on all ranks).
             report_metrics = metrics.flush(reduce=_all_reduce_sum)
@@ -309,12 +323,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
             done = step - start_step
             eta = (now() - run_start) / max(done, 1) * (max_steps - step)
             logger.info(
-                "step %d/%d  loss %.4f  %s%.0f img/s  eta %s",
+                "step %d/%d  %s  eta %s",
                 step,
                 max_steps,
-                report_metrics.get("loss", float("nan")),
-                f"val_bpd {report_metrics['val_bpd']:.3f}  " if "val_bpd" in report_metrics else "",
-                report_metrics.get("images_per_s", float("nan")),
+                progress_fields(report_metrics),
                 format_eta(eta),
             )
         report(report_metrics, with_checkpoint=is_save)

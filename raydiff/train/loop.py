@@ -41,6 +41,7 @@ from raydiff.train.trainer import (
     Trainer,
     format_eta,
     now,
+    progress_fields,
 )
 from raydiff.train.validation import (
     estimate_bpd,
@@ -179,7 +180,12 @@ def run_training(
 
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(str(output_dir / "tensorboard"))
+    writer = SummaryWriter(
+        str(output_dir / "tensorboard"),
+        # A resumed run drops events a failed attempt logged past its checkpoint: without
+        # this TensorBoard shows two curves over the same steps.
+        purge_step=trainer.step + 1 if trainer.step else None,
+    )
     metrics = MetricAccumulator(num_timesteps=diffusion.num_timesteps)
     image_shape = (config.model.in_channels, config.model.image_size, config.model.image_size)
     num_classes = config.model.num_classes if config.model.class_cond else None
@@ -272,14 +278,10 @@ def run_training(
             done = step - start_step
             eta = (now() - run_start) / max(done, 1) * (config.train.max_steps - step)
             logger.info(
-                "step %d/%d  loss %.4f  mse %.4f  %s%.0f img/s  lr %.2e  eta %s",
+                "step %d/%d  %s  eta %s",
                 step,
                 config.train.max_steps,
-                report.get("loss", float("nan")),
-                report.get("mse", float("nan")),
-                f"val_bpd {report['val_bpd']:.3f}  " if "val_bpd" in report else "",
-                report["images_per_s"],
-                result.lr,
+                progress_fields(report),
                 format_eta(eta),
             )
             last_report = report

@@ -27,9 +27,8 @@ def check_run(
     microbatches, that the prepared shards exist and match the model (image size, channels,
     classes), and that ``train.init_checkpoint`` and ``resume`` exist.
     """
-    config.train.per_worker_batch(
-        config.scaling.num_workers if num_workers is None else num_workers
-    )
+    workers = config.scaling.num_workers if num_workers is None else num_workers
+    config.train.per_worker_batch(workers)
     manifest = load_manifest(config.data.data_dir)  # FileNotFoundError names the missing path
     check_compatible(
         manifest,
@@ -38,6 +37,15 @@ def check_run(
         class_cond=config.model.class_cond,
         num_classes=config.model.num_classes,
     )
+    val = config.data.val_split
+    if val and val in manifest.splits and manifest.splits[val].num_rows < workers:
+        # Validation shards the split over the workers; an empty shard would end the run at its
+        # last step, after all the training, before the final checkpoint.
+        raise ValueError(
+            f"data.val_split={val!r} has {manifest.splits[val].num_rows} images, fewer than the "
+            f"{workers} workers it is split over: prepare a larger val split (raydiff prepare "
+            f"--val-count N), train on fewer workers, or set data.val_split='' to skip validation"
+        )
     init = config.train.init_checkpoint
     if init and not Path(init).is_file():
         raise FileNotFoundError(f"train.init_checkpoint={init!r} does not exist")
@@ -46,6 +54,23 @@ def check_run(
             require_checkpoint_dir(resume)
         except FileNotFoundError as error:
             raise FileNotFoundError(f"--resume: {error}") from None
+
+
+def check_resume_target(output_dir: Path, resume: Path | None) -> None:
+    """``--resume`` starts a new run folder: refuse one that already holds a run's checkpoints.
+
+    Re-running into such a folder continues *its* run (Ray Train restores its own latest
+    checkpoint first), so ``--resume`` would be ignored, or two runs' checkpoints would mix.
+    """
+    if resume is None or not Path(output_dir).is_dir():
+        return
+    existing = sorted(p.name for p in Path(output_dir).glob("checkpoint_*") if p.is_dir())
+    if existing:
+        raise ValueError(
+            f"--resume {resume}: the output folder {output_dir} already holds a run "
+            f"({existing[-1]}); run without --resume to continue that run, or give --resume a "
+            "new --output folder"
+        )
 
 
 def finished_run(

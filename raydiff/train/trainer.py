@@ -389,11 +389,13 @@ def infinite_batches(
     seed: int,
     start_epoch: int = 0,
     skip_batches: int = 0,
+    random_flip: bool = True,
 ) -> Iterator[tuple[int, torch.Tensor, dict[str, torch.Tensor]]]:
     """In-memory data for single-process runs: ``(epoch, x, cond)`` forever, reshuffled per epoch.
 
-    Random horizontal flips as improved-diffusion's image loader does for training. The order is
-    a function of (seed, epoch), so ``start_epoch`` and ``skip_batches`` (batches of the first
+    With ``random_flip`` (``data.random_flip``, as the Ray Data pipeline) each image is flipped
+    horizontally with probability 1/2, as guided-diffusion's loader does (improved-diffusion's
+    never flips). The order and the flips are a function of (seed, epoch), so ``start_epoch`` and ``skip_batches`` (batches of the first
     epoch already trained on) continue a resumed run exactly where it stopped.
     """
     n = images.shape[0]
@@ -410,11 +412,27 @@ def infinite_batches(
         for i in range(first, n - batch_size + 1, batch_size):
             idx = order[i : i + batch_size]
             x = images[idx]
-            x = torch.where(flips[idx].view(-1, 1, 1, 1), x.flip(-1), x)
+            if random_flip:
+                x = torch.where(flips[idx].view(-1, 1, 1, 1), x.flip(-1), x)
             cond = {"y": labels[idx]} if labels is not None else {}
             yield epoch, x, cond
         first = 0
         epoch += 1
+
+
+def progress_fields(metrics: dict[str, Any]) -> str:
+    """The metrics a progress line shows, those present only (an eval-only step has no loss)."""
+    fields = []
+    for key, fmt in (
+        ("loss", "loss {:.4f}"),
+        ("mse", "mse {:.4f}"),
+        ("val_bpd", "val_bpd {:.3f}"),
+        ("images_per_s", "{:.0f} img/s"),
+        ("lr", "lr {:.2e}"),
+    ):
+        if key in metrics:
+            fields.append(fmt.format(metrics[key]))
+    return "  ".join(fields)
 
 
 def format_eta(seconds: float) -> str:

@@ -201,3 +201,96 @@ def test_resume_on_a_different_number_of_workers(
     model_end = end["model"]["out.2.weight"]
     assert not torch.equal(ema_end, model_end)
     assert not torch.equal(ema_start, ema_end)
+
+
+def _run_in_thread(config: dict, out: Path) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = run(config, out)
+        except BaseException as error:  # surfaced by the caller
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, outcome
+
+
+def test_every_rank_follows_a_recreated_sampler_actor(ray_cluster, tiny_dataset, tmp_path):
+    """`.remote()` on a dead actor does not raise, so only rank 0 notices the death; the others
+    must switch to the recreated actor too, or their losses go nowhere for the rest of the run."""
+    import ray
+
+    from raydiff.orchestrate.sampler_actor import ACTOR_NAMESPACE
+
+    out = tmp_path / "actor-killed"
+    config = tiny_config(
+        tiny_dataset.path, **{"train.max_steps": 24, "scaling.checkpoints_to_keep": 10}
+    )
+    thread, outcome = _run_in_thread(config, out)
+    deadline = time.time() + 240
+    while not (out / "checkpoint_000008").exists() and time.time() < deadline and thread.is_alive():
+        time.sleep(0.05)
+    actors = [
+        a
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == ACTOR_NAMESPACE
+    ]
+    assert len(actors) == 1, actors
+    ray.kill(ray.get_actor(actors[0]["name"], namespace=ACTOR_NAMESPACE))
+    thread.join(timeout=300)
+    assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
+    counts = {s: recorded_losses(out / f"checkpoint_{s:06d}") for s in (16, 20, 24)}
+    # Losses sent between the kill and the next weights refresh are lost; after that both
+    # ranks' 4 steps x global batch 8 reach the new actor between checkpoints.
+    assert counts[20] - counts[16] == 4 * GLOBAL_BATCH, counts
+    assert counts[24] - counts[20] == 4 * GLOBAL_BATCH, counts
+
+
+def test_a_fresh_run_starts_with_an_empty_loss_history(ray_cluster, tiny_dataset, tmp_path):
+    """The actor is detached: one left by a killed driver (or by a worker group that failed
+    before its first checkpoint) must not lend its losses to a run that starts from scratch."""
+    import hashlib
+
+    import numpy as np
+
+    from raydiff.orchestrate.sampler_actor import get_or_create_actor
+
+    out = (tmp_path / "fresh").resolve()
+    stale = get_or_create_actor(
+        f"{out.name}-{hashlib.sha1(str(out).encode()).hexdigest()[:10]}", num_timesteps=500
+    )
+    import ray
+
+    ray.get(stale.record.remote(np.arange(40), np.ones(40)))  # a failed attempt's losses
+    run(tiny_config(tiny_dataset.path, **{"train.max_steps": 4}), out)
+    assert recorded_losses(out / "checkpoint_000004") == 4 * GLOBAL_BATCH
+
+
+def test_a_ray_run_continues_a_single_process_run_in_its_folder(
+    ray_cluster, tiny_dataset, tmp_path
+):
+    """Checkpoints Ray did not write (a --single-process run) are continued, not overwritten
+    from step 0, and their sampler state (history, no broadcast weights) loads on every rank."""
+    from raydiff.cli import main
+
+    out = tmp_path / "mixed"
+    config = tiny_config(tiny_dataset.path, **{"train.max_steps": 4})
+    sets = [
+        f"--set={section}.{field}={value}"
+        for section, fields in config.items()
+        if section in ("model", "diffusion", "optim", "train")
+        for field, value in fields.items()
+        if not isinstance(value, (list, dict))
+    ]
+    argv = ["train", "--single-process", *sets, "--data", str(tiny_dataset.path)]
+    assert main([*argv, "--output", str(out)]) == 0
+    assert recorded_losses(out / "checkpoint_000004") == 4 * GLOBAL_BATCH
+    result = run(tiny_config(tiny_dataset.path, **{"train.max_steps": 8}), out)
+    assert result["step"] == 8
+    assert sorted(p.name for p in out.glob("checkpoint_0*")) == [
+        "checkpoint_000004",
+        "checkpoint_000008",
+    ]
+    assert recorded_losses(out / "checkpoint_000008") == 8 * GLOBAL_BATCH

@@ -208,3 +208,23 @@ def test_an_output_name_ray_would_rename_is_refused(dataset, tmp_path):
     with pytest.raises(ValueError, match=r"'lr=1e-3' becomes the Ray Train run name.*'lr-1e-3'"):
         run_training_job(cfg, output_dir=str(tmp_path / "lr=1e-3"))
     assert not (tmp_path / "lr=1e-3").exists()
+
+
+def test_resume_into_a_folder_that_holds_a_run_is_refused(dataset, tmp_path):
+    from raydiff.train.preflight import check_resume_target
+
+    ckpt = tmp_path / "old" / "checkpoint_000004"
+    finished_checkpoint(ckpt, step=4)
+    check_resume_target(tmp_path / "new", ckpt)  # a new folder: fine
+    check_resume_target(tmp_path / "old", None)  # continuing the folder's own run: fine
+    with pytest.raises(ValueError, match=r"already holds a run \(checkpoint_000004\)"):
+        check_resume_target(tmp_path / "old", ckpt)
+
+
+def test_a_val_split_smaller_than_the_worker_count_is_refused(dataset):
+    # The fixture's val split has 4 images (10% of 40): 4 workers get one each, 8 would leave 4
+    # with an empty shard and end the run at its last step, after all the training.
+    check_run(config(dataset, "train.batch_size=16", "scaling.num_workers=4"))
+    with pytest.raises(ValueError, match=r"data.val_split='val' has 4 images, fewer than the 8"):
+        check_run(config(dataset, "train.batch_size=16", "scaling.num_workers=8"))
+    check_run(config(dataset, "train.batch_size=16", "scaling.num_workers=8", "data.val_split="))

@@ -51,6 +51,21 @@ def test_skip_batches_continues_the_epoch_order() -> None:
         assert torch.equal(x_a, x_b)
 
 
+def test_flips_follow_data_random_flip() -> None:
+    """Each batch holds whole images of the set, flipped only with random_flip (the default)."""
+    data = images()
+    rows = {tuple(img.flatten().tolist()) for img in data}
+    flipped_rows = {tuple(img.flip(-1).flatten().tolist()) for img in data}
+    kept = infinite_batches(data, None, batch_size=BATCH, seed=3, random_flip=False)
+    flipped = infinite_batches(data, None, batch_size=BATCH, seed=3)
+    seen_flips = 0
+    for _ in range(5):
+        (_, x_kept, _), (_, x_flip, _) = next(kept), next(flipped)
+        assert all(tuple(img.flatten().tolist()) in rows for img in x_kept)
+        seen_flips += sum(tuple(img.flatten().tolist()) in flipped_rows for img in x_flip)
+    assert 0 < seen_flips < NUM_IMAGES
+
+
 def run(max_steps: int, output: Path) -> dict:
     config = tiny_config(max_steps)
     checkpoint = latest_checkpoint(output)
