@@ -14,7 +14,9 @@ epoch re-executes the dataset, and the order changes in three seeded places:
 
 * the block order (cached data, ``randomize_block_order``) or the shard-file order (streamed
   data, ``read_parquet(shuffle=FileShuffleConfig)``), both re-seeded per execution by Ray from
-  (seed, execution index): epoch e of the run is execution e of the dataset;
+  (seed, execution index): the run's epochs are consecutive executions of the dataset (a cached
+  split's ``materialize`` is one more), and a resumed run's dataset starts counting where the
+  uninterrupted run's count stood at the resumed epoch (``epoch_offset``);
 * the rows, through each worker's local shuffle buffer seeded by (seed, epoch, rank);
 * the horizontal flips, a hash of (seed, epoch, row index): independent of which worker or
   batch a row lands in, and applied after the cache so every epoch flips differently.
@@ -77,8 +79,9 @@ def build_datasets(
     ``val`` is left out when ``config.val_split`` is empty or the dataset has no such split.
     Raises ValueError (before any worker starts) when the manifest does not match the config.
     ``epoch_offset``: the epoch a resumed run starts at, when the driver knows it. Ray counts
-    executions from 0 for every new dataset, so without it a resumed run replays the block
-    orders of epochs 0, 1, ... (its row shuffles and flips still follow the true epoch).
+    executions from 0 for every new dataset, so without it a resumed run would replay the block
+    orders of epochs 0, 1, ... (its row shuffles and flips still follow the true epoch); with it
+    the resumed epoch has the uninterrupted run's order.
     """
     manifest = manifest or load_manifest(config.data_dir)
     check_compatible(
@@ -121,7 +124,7 @@ def build_split(
     size = decoded_bytes(manifest, split)
     cache = 0 < size <= config.cache_max_bytes
     reorder = train and config.shuffle_blocks
-    block_seed = config.seed if epoch_offset == 0 else mix_seed(config.seed, epoch_offset)
+    block_seed = config.seed
     # reseed_after_execution: Ray mixes the execution index (the epoch) into the seed.
     file_shuffle = (
         FileShuffleConfig(seed=block_seed, reseed_after_execution=True)
@@ -158,6 +161,14 @@ def build_split(
             config.cache_max_bytes / 2**20,
         )
     dataset.context.execution_options.preserve_order = config.deterministic
+    if reorder and epoch_offset:
+        # Ray re-seeds the block / file order from (seed, execution index) and counts the
+        # executions of this dataset object from where it stands now. A resumed run builds a new
+        # object, so move its count to where the uninterrupted run's was at the resumed epoch:
+        # its next execution then gives that epoch's order (and skip_batches drops exactly the
+        # batches already trained on). ``_execution_idx`` is Ray's private counter (Ray 2.60);
+        # tests/integration/test_data_pipeline.py pins the behaviour.
+        dataset.context._execution_idx += epoch_offset
     return dataset
 
 

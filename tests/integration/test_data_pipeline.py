@@ -63,6 +63,24 @@ def test_skip_batches_continues_inside_the_first_epoch(
 
 
 @pytest.mark.parametrize("cache_max_bytes", [1 << 30, 0], ids=["cached", "streamed"])
+def test_a_run_resumed_in_a_later_epoch_sees_that_epochs_order(
+    ray_cluster: None, tiny_dataset: Any, cache_max_bytes: int
+) -> None:
+    # The driver of a run resumed in epoch 2 builds a new dataset with epoch_offset=2; its first
+    # execution must be the uninterrupted run's epoch 2, or skip_batches drops the wrong rows.
+    config = _config(tiny_dataset, cache_max_bytes=cache_max_bytes, shuffle_buffer_size=64)
+    full = _epoch_orders(config, num_epochs=4)
+    train = build_datasets(config, epoch_offset=2)["train"]
+    resumed: list[list[int]] = [[], []]
+    for epoch, batch in iterate_batches(
+        train, batch_size=16, config=config, epoch_start=2, num_epochs=2, skip_batches=5
+    ):
+        resumed[epoch - 2].extend(batch["index"].tolist())
+    assert resumed[0] == full[2][5 * 16 :]
+    assert resumed[1] == full[3]
+
+
+@pytest.mark.parametrize("cache_max_bytes", [1 << 30, 0], ids=["cached", "streamed"])
 def test_reshuffle_per_epoch_and_seed_reproduces(
     ray_cluster: None, tiny_dataset: Any, cache_max_bytes: int
 ) -> None:
