@@ -137,7 +137,23 @@ def load_manifest(uri: str) -> Manifest:
         if not manifest_path.is_file():
             raise FileNotFoundError(f"no {MANIFEST_NAME} in {root!r}: {hint}")
         text = manifest_path.read_text(encoding="utf-8")
-    return Manifest.from_dict(json.loads(text), root=root)
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+        return Manifest.from_dict(data, root=root)
+    except ValueError as error:
+        if "format_version" in str(error):
+            raise
+        raise ValueError(
+            f"{MANIFEST_NAME} in {root!r} is not a valid raydiff manifest ({error}); prepare "
+            f"the dataset again: `raydiff prepare SOURCE --out {uri} --overwrite`"
+        ) from None
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ValueError(
+            f"{MANIFEST_NAME} in {root!r} is not a valid raydiff manifest ({type(error).__name__}: "
+            f"{error}); prepare the dataset again: `raydiff prepare SOURCE --out {uri} --overwrite`"
+        ) from None
 
 
 def check_compatible(

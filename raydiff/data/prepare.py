@@ -8,6 +8,8 @@ the next run once that process is gone), never a folder with a manifest.
 
 from __future__ import annotations
 
+import concurrent.futures
+import concurrent.futures.process
 import dataclasses
 import logging
 import multiprocessing
@@ -15,6 +17,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -173,6 +176,12 @@ def prepare_dataset(options: PrepareOptions) -> PrepareSummary:
     out = Path(options.out).expanduser().resolve()
     _check_destination(out, overwrite=options.overwrite)
     source = open_source(options.source, labels=options.labels)
+    location = str(source.location)
+    if "://" not in location and Path(location).resolve().is_relative_to(out):
+        raise ValueError(
+            f"--out {str(out)!r} contains the source {location!r}: replacing the folder would "
+            "delete the images it is made from; choose another --out"
+        )
     spec = ImageSpec(
         image_size=options.image_size
         or EMBEDDED_IMAGE_SIZE.get(options.source, DEFAULT_IMAGE_SIZE),
@@ -189,7 +198,8 @@ def prepare_dataset(options: PrepareOptions) -> PrepareSummary:
     )  # fmt: skip
 
     _remove_stale_temporaries(out)
-    temporary = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    # PID plus a random part: in a container a new prepare may get the PID of a killed one.
+    temporary = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     temporary.mkdir(parents=True)
     try:
         manifest = _write_dataset(
@@ -210,11 +220,18 @@ def prepare_dataset(options: PrepareOptions) -> PrepareSummary:
 def _check_destination(out: Path, *, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {str(out)!r} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        what = "a prepared dataset" if (out / MANIFEST_NAME).exists() else "files"
-        raise FileExistsError(
-            f"--out {str(out)!r} already holds {what}; pass --overwrite to replace it"
-        )
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / MANIFEST_NAME).exists():
+            # --overwrite replaces a prepared dataset; it never deletes other people's files.
+            raise FileExistsError(
+                f"--out {str(out)!r} holds files but no {MANIFEST_NAME} (not a prepared "
+                "dataset): choose an empty or new folder"
+            )
+        if not overwrite:
+            raise FileExistsError(
+                f"--out {str(out)!r} already holds a prepared dataset; pass --overwrite to "
+                "replace it"
+            )
 
 
 def _native_channels(source: Source) -> int:
@@ -283,7 +300,11 @@ def _write_dataset(
     pool = None
     if options.num_workers > 1:
         # spawn, not fork: the caller may hold threads (Ray, torch, tqdm) that fork would copy.
-        pool = multiprocessing.get_context("spawn").Pool(options.num_workers)
+        # An executor, not multiprocessing.Pool: when a worker dies (the OOM killer) Pool.imap
+        # waits forever, the executor raises BrokenProcessPool.
+        pool = concurrent.futures.ProcessPoolExecutor(
+            options.num_workers, mp_context=multiprocessing.get_context("spawn")
+        )
     bar = tqdm(
         total=total,
         unit="img",
@@ -300,7 +321,7 @@ def _write_dataset(
                 row_group_rows=options.row_group_rows,
             )
             results: Iterator[list[EncodeResult]] = (
-                pool.imap(encode_chunk, _chunks(items, spec))
+                pool.map(encode_chunk, _chunks(items, spec))
                 if pool is not None
                 else map(encode_chunk, _chunks(items, spec))
             )
@@ -328,11 +349,16 @@ def _write_dataset(
             split_infos[name] = SplitInfo(
                 num_rows=writer.num_rows, shards=writer.shards, class_counts=class_counts
             )
+    except concurrent.futures.process.BrokenProcessPool:
+        raise RuntimeError(
+            "an image-encoding worker process died (killed, or out of memory: try fewer "
+            "--workers); nothing written. Called from a script? Worker processes are spawned and "
+            "import the script again: guard the call with `if __name__ == '__main__':`"
+        ) from None
     finally:
         bar.close()
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            pool.shutdown(wait=True, cancel_futures=True)
 
     num_images = sum(info.num_rows for info in split_infos.values())
     if num_images == 0:
@@ -407,8 +433,12 @@ def _remove_stale_temporaries(out: Path) -> None:
     for candidate in out.parent.iterdir():
         if not candidate.name.startswith(prefix):
             continue
-        pid_text = candidate.name[len(prefix) :]
-        if pid_text.isdigit() and not _process_alive(int(pid_text)):
+        pid_text = candidate.name[len(prefix) :].split("-")[0]
+        # Our own PID too: this prepare has not made its temporary yet, so one with our PID was
+        # left by a killed prepare that had the same PID (containers reuse PID 1).
+        if pid_text.isdigit() and (
+            int(pid_text) == os.getpid() or not _process_alive(int(pid_text))
+        ):
             logger.info("removing %s, left by a prepare that did not finish", candidate)
             shutil.rmtree(candidate, ignore_errors=True)
 

@@ -397,6 +397,35 @@ def test_rerun_is_refused_unless_overwrite(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "images"]
 
 
+def test_overwrite_replaces_datasets_only(tmp_path: Path) -> None:
+    """--overwrite never deletes a folder that is not a prepared dataset, nor the source."""
+    np.savez(tmp_path / "src.npz", _rng_images(10, 8, 3))
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "my_notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match=r"no manifest\.json"):
+        prepare_dataset(_options(tmp_path / "src.npz", notes, image_size=8, overwrite=True))
+    assert (notes / "my_notes.txt").read_text() == "keep me"
+    out = tmp_path / "ds"
+    prepare_dataset(_options(tmp_path / "src.npz", out, image_size=8))
+    np.savez(out / "inside.npz", _rng_images(10, 8, 3))
+    with pytest.raises(ValueError, match="contains the source"):
+        prepare_dataset(_options(out / "inside.npz", out, image_size=8, overwrite=True))
+    assert (out / "inside.npz").is_file() and (out / "manifest.json").is_file()
+
+
+def test_a_temporary_with_our_own_pid_is_stale(tmp_path: Path) -> None:
+    """In a container a rerun may get the PID of the prepare that was killed (PID 1)."""
+    import os
+
+    np.savez(tmp_path / "src.npz", _rng_images(10, 8, 3))
+    stale = tmp_path / f".ds.tmp-{os.getpid()}"
+    (stale / "train").mkdir(parents=True)
+    prepare_dataset(_options(tmp_path / "src.npz", tmp_path / "ds", image_size=8))
+    assert not stale.exists()
+    assert load_manifest(str(tmp_path / "ds")).num_images == 10
+
+
 def test_cli_reports_user_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["prepare", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
@@ -451,3 +480,12 @@ def test_data_package_imports_without_ray_or_torch() -> None:
         "assert not bad, bad[:5]"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_a_corrupt_manifest_is_named(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text('{"format_version": 1}')
+    with pytest.raises(ValueError, match=r"manifest\.json in .* is not a valid raydiff manifest"):
+        load_manifest(str(tmp_path))
+    (tmp_path / "manifest.json").write_text("{truncated")
+    with pytest.raises(ValueError, match="--overwrite"):
+        load_manifest(str(tmp_path))
