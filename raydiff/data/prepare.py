@@ -220,6 +220,13 @@ def prepare_dataset(options: PrepareOptions) -> PrepareSummary:
 def _check_destination(out: Path, *, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {str(out)!r} exists and is not a folder")
+    if os.path.ismount(out):
+        # The dataset is built in a hidden sibling folder and renamed into place; a mount point
+        # cannot be renamed (EBUSY), which would only show after all the encoding.
+        raise ValueError(
+            f"--out {str(out)!r} is a mount point: give a folder inside it, e.g. "
+            f"{str(out / 'dataset')!r}"
+        )
     if out.is_dir() and any(out.iterdir()):
         if not (out / MANIFEST_NAME).exists():
             # --overwrite replaces a prepared dataset; it never deletes other people's files.

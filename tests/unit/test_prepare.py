@@ -489,3 +489,10 @@ def test_a_corrupt_manifest_is_named(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text("{truncated")
     with pytest.raises(ValueError, match="--overwrite"):
         load_manifest(str(tmp_path))
+
+
+@pytest.mark.skipif(not Path("/proc").is_mount(), reason="needs a mount point to point at")
+def test_a_mount_point_is_refused_before_encoding(tmp_path: Path) -> None:
+    np.savez(tmp_path / "src.npz", _rng_images(4, 8, 3))
+    with pytest.raises(ValueError, match="is a mount point: give a folder inside it"):
+        prepare_dataset(_options(tmp_path / "src.npz", Path("/proc"), image_size=8))
