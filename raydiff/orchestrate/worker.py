@@ -170,9 +170,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 
         writer = SummaryWriter(
             str(output_dir / "tensorboard"),
-            # A resumed run drops events a failed attempt logged past its checkpoint: without
-            # this TensorBoard shows two curves over the same steps.
-            purge_step=trainer.step + 1 if trainer.step else None,
+            # Events a failed attempt logged past the step this one starts from (its checkpoint,
+            # or 0 for a group restarted before the first one) are dropped: without this
+            # TensorBoard shows two curves over the same steps.
+            purge_step=trainer.step + 1,
         )
     preview = sampling_diffusion(diffusion, steps=config.train.sample_steps)
     eval_t = stratified_timesteps(

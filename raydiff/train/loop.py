@@ -182,9 +182,10 @@ def run_training(
 
     writer = SummaryWriter(
         str(output_dir / "tensorboard"),
-        # A resumed run drops events a failed attempt logged past its checkpoint: without
-        # this TensorBoard shows two curves over the same steps.
-        purge_step=trainer.step + 1 if trainer.step else None,
+        # Events a failed attempt logged past the step this one starts from (its checkpoint,
+        # or 0 for a run restarted before the first one) are dropped: without this
+        # TensorBoard shows two curves over the same steps.
+        purge_step=trainer.step + 1,
     )
     metrics = MetricAccumulator(num_timesteps=diffusion.num_timesteps)
     image_shape = (config.model.in_channels, config.model.image_size, config.model.image_size)

@@ -116,3 +116,29 @@ def test_writes_checkpoints_samples_events_and_resumes_at_its_data_position(
         "epoch": 1,
         "epoch_samples": 2 * BATCH,
     }
+
+
+def test_a_restarted_run_replaces_the_events_logged_after_its_start(tmp_path: Path) -> None:
+    """A run that died after logging steps it never checkpointed starts again from its last
+    checkpoint: its event file opens with a SessionLog START at that step + 1, which makes
+    TensorBoard drop the failed attempt's later events (one curve, not two)."""
+    import shutil
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    def session_starts() -> list[int]:
+        newest = sorted((tmp_path / "tensorboard").glob("events.out.tfevents.*"))[-1]
+        return [e.step for e in EventFileLoader(str(newest)).Load() if e.HasField("session_log")]
+
+    run(4, tmp_path)
+    shutil.rmtree(tmp_path / "checkpoint_000004")  # step 4 logged, then the crash
+    run(6, tmp_path)  # resumes from checkpoint 3
+    assert session_starts() == [4]
+    for checkpoint in tmp_path.glob("checkpoint_*"):  # a crash before any checkpoint
+        shutil.rmtree(checkpoint)
+    run(4, tmp_path)
+    assert session_starts() == [1]
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [2, 4]
