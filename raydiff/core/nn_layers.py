@@ -185,10 +185,19 @@ def timestep_embedding(
     return embedding
 
 
-# Tap-combination matrices for a 3x3 kernel after nearest x2 upsampling (see below):
-# _PHASE_TAPS[phase, low_res_tap, kernel_tap]. Output phase 0 (even rows) reads low-res rows
-# (i - 1, i) with kernel rows (0, 1 + 2); phase 1 (odd rows) reads (i, i + 1) with (0 + 1, 2).
-_PHASE_TAPS = ((1.0, 0.0, 0.0), (0.0, 1.0, 1.0)), ((1.0, 1.0, 0.0), (0.0, 0.0, 1.0))
+def _phase_taps(weight: torch.Tensor, dim: int) -> torch.Tensor:
+    """The 3 kernel taps along ``dim`` combined into 2 per output phase: ``[2, ...]``.
+
+    After nearest x2 upsampling, output phase 0 (even rows) reads low-res rows (i - 1, i) with
+    kernel rows (0, 1 + 2); phase 1 (odd rows) reads (i, i + 1) with (0 + 1, 2). Sums of slices
+    rather than a product with a constant 0/1 matrix: building that matrix on every call would
+    copy it host-to-device on a GPU, a sync in every upsampling layer.
+    """
+    k0, k1, k2 = weight.unbind(dim)
+    even = torch.stack([k0, k1 + k2], dim)
+    odd = torch.stack([k0 + k1, k2], dim)
+    return torch.stack([even, odd])
+
 
 #: Below this low-res size the decomposition's extra copies cost more than the FLOPs it saves.
 MIN_SIZE_FOR_UPSAMPLE_DECOMPOSITION = 8
@@ -216,10 +225,10 @@ def upsample_nearest2x_conv3x3(
     """
     batch, _, height, width = x.shape
     out_channels = weight.shape[0]
-    taps = torch.tensor(_PHASE_TAPS, dtype=weight.dtype, device=weight.device)  # [2, 2, 3]
-    # [row phase, col phase, O, I, 2, 2] -> [4 * O, I, 2, 2], phase-major.
-    phase_weight = torch.einsum("api,oxij,cqj->acoxpq", taps, weight, taps)
-    phase_weight = phase_weight.reshape(4 * out_channels, *weight.shape[1:2], 2, 2)
+    rows = _phase_taps(weight, 2)  # [row phase, O, I, 2, 3]
+    both = _phase_taps(rows, 4).transpose(0, 1)  # [row phase, col phase, O, I, 2, 2]
+    # -> [4 * O, I, 2, 2], phase-major.
+    phase_weight = both.reshape(4 * out_channels, *weight.shape[1:2], 2, 2)
     phase_bias = bias.repeat(4) if bias is not None else None
     # Padding 1 with a 2x2 kernel: output (j, k) covers low-res rows (j - 1, j), cols (k - 1, k).
     y = F.conv2d(x, phase_weight, phase_bias, padding=1)  # [B, 4 * O, H + 1, W + 1]
