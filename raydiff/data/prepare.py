@@ -266,6 +266,11 @@ def _plan_splits(source: Source, *, options: PrepareOptions) -> dict[str, SplitI
         num_val = round(options.val_fraction * len(train))
     else:
         num_val = min(options.val_count, len(train) // 10)
+    if num_val >= len(train):
+        raise ValueError(
+            f"holding out {num_val} of the {len(train)} training images as val leaves none to "
+            "train on: lower --val-fraction / --val-count"
+        )
     order = rng.permutation(len(train))
     result = {"train": train.subset(order[num_val:])}
     if num_val:

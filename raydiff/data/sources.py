@@ -120,14 +120,29 @@ def open_source(source: str, *, labels: LabelRule = "auto") -> Source:
 
 
 def list_image_files(root: Path) -> list[Path]:
-    """All image files under ``root``, recursively, in a stable (sorted) order."""
+    """All image files under ``root``, recursively, in a stable (sorted) order.
+
+    Symlinked folders are followed once each: a link back up the tree (a loop) is skipped.
+    """
     found: list[Path] = []
     stack = [root]
+    visited: set[tuple[int, int]] = set()
     while stack:
         directory = stack.pop()
+        try:
+            info = directory.stat()
+        except OSError:  # a dangling link or a loop the OS refuses to resolve
+            continue
+        if (info.st_dev, info.st_ino) in visited:
+            continue
+        visited.add((info.st_dev, info.st_ino))
         with os.scandir(directory) as entries:
             for entry in entries:
-                if entry.is_dir(follow_symlinks=True):
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=True)
+                except OSError:  # ELOOP: a link to itself
+                    continue
+                if is_dir:
                     stack.append(Path(entry.path))
                 elif "." in entry.name and entry.name.rsplit(".", 1)[1].lower() in IMAGE_EXTENSIONS:
                     found.append(Path(entry.path))

@@ -496,3 +496,18 @@ def test_a_mount_point_is_refused_before_encoding(tmp_path: Path) -> None:
     np.savez(tmp_path / "src.npz", _rng_images(4, 8, 3))
     with pytest.raises(ValueError, match="is a mount point: give a folder inside it"):
         prepare_dataset(_options(tmp_path / "src.npz", Path("/proc"), image_size=8))
+
+
+def test_folder_listing_survives_symlink_loops(folder: Path) -> None:
+    from raydiff.data.sources import list_image_files
+
+    before = list_image_files(folder)
+    (folder / "loop").symlink_to(folder, target_is_directory=True)  # a link back up the tree
+    (folder / "self").symlink_to(folder / "self")  # a link to itself
+    assert list_image_files(folder) == before
+
+
+def test_a_val_split_that_leaves_no_training_image_is_refused(tmp_path: Path) -> None:
+    np.savez(tmp_path / "src.npz", _rng_images(10, 8, 3))
+    with pytest.raises(ValueError, match="leaves none to train on"):
+        prepare_dataset(_options(tmp_path / "src.npz", tmp_path / "ds", val_fraction=0.99))
