@@ -294,3 +294,30 @@ def test_a_ray_run_continues_a_single_process_run_in_its_folder(
         "checkpoint_000008",
     ]
     assert recorded_losses(out / "checkpoint_000008") == 8 * GLOBAL_BATCH
+
+
+def test_a_driver_does_not_join_another_processs_private_instance(ray_cluster):
+    """The test session's cluster is a private ray.init() of this process: a training driver
+    in another process must start its own instance (ray.init(address="auto") joined it, and a
+    run would die when this process exits), joining only RAY_ADDRESS or a `ray start` cluster."""
+    import json
+    import subprocess
+    import sys
+
+    import ray
+
+    ours = ray.get_runtime_context().gcs_address
+    code = (
+        "import json, ray\n"
+        "from raydiff.orchestrate.trainer import ensure_ray\n"
+        "ensure_ray(num_workers=1, cpus_per_worker=1)\n"
+        "print(json.dumps(ray.get_runtime_context().gcs_address))\n"
+        "ray.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    theirs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert theirs != ours
