@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raydiff.data.prepare import PrepareOptions
 
 logger = logging.getLogger(__name__)
 
@@ -128,9 +132,39 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_prepare(args: argparse.Namespace) -> int:
     """Build ``PrepareOptions`` from the arguments and run prepare."""
-    from raydiff.data.prepare import PrepareOptions, prepare_dataset
+    from raydiff.data.prepare import prepare_dataset
 
-    options = PrepareOptions(
+    try:
+        options = _prepare_options(args)
+    except ValueError as error:  # name the flag the user typed, not the options field
+        message = str(error)
+        for field_name, flag in PREPARE_FLAGS.items():
+            message = re.sub(rf"\b{field_name}=", f"{flag} ", message)
+        raise ValueError(message) from None
+    with _terminate_as_exit():
+        summary = prepare_dataset(options)
+    if not args.quiet:
+        print(summary.format())
+    return 0
+
+
+# PrepareOptions fields whose command-line flag has another name.
+PREPARE_FLAGS = {
+    "num_workers": "--workers",
+    "shard_max_rows": "--shard-rows",
+    "shard_max_bytes": "--shard-mb (in bytes)",
+    "max_bad_fraction": "--max-bad-fraction",
+    "val_fraction": "--val-fraction",
+    "val_count": "--val-count",
+    "image_size": "--image-size",
+    "compress_level": "--compress-level",
+}
+
+
+def _prepare_options(args: argparse.Namespace) -> PrepareOptions:
+    from raydiff.data.prepare import PrepareOptions
+
+    return PrepareOptions(
         source=args.source,
         out=args.out,
         image_size=args.image_size,
@@ -149,11 +183,6 @@ def run_prepare(args: argparse.Namespace) -> int:
         limit=args.limit,
         progress=not args.quiet,
     )
-    with _terminate_as_exit():
-        summary = prepare_dataset(options)
-    if not args.quiet:
-        print(summary.format())
-    return 0
 
 
 # --------------------------------------------------------------------------------------------

@@ -511,3 +511,13 @@ def test_a_val_split_that_leaves_no_training_image_is_refused(tmp_path: Path) ->
     np.savez(tmp_path / "src.npz", _rng_images(10, 8, 3))
     with pytest.raises(ValueError, match="leaves none to train on"):
         prepare_dataset(_options(tmp_path / "src.npz", tmp_path / "ds", val_fraction=0.99))
+
+
+def test_prepare_option_errors_name_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = str(tmp_path / "ds")
+    assert main(["prepare", "fashion-mnist", "--out", out, "--workers", "0"]) == 1
+    assert "--workers 0 is invalid" in capsys.readouterr().err
+    assert main(["prepare", "fashion-mnist", "--out", out, "--shard-rows", "0"]) == 1
+    assert "--shard-rows 0 is invalid" in capsys.readouterr().err
