@@ -274,33 +274,23 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
 
     from raydiff.data.in_memory import load_split_tensors
     from raydiff.data.manifest import load_manifest
-    from raydiff.train.checkpoint import read_progress, resume_point
     from raydiff.train.loop import run_training
-    from raydiff.train.preflight import (
-        check_resume_compatible,
-        check_resume_target,
-        check_run,
-        finished_run,
-    )
+    from raydiff.train.preflight import plan_start
     from raydiff.train.trainer import DataPosition, infinite_batches
 
     # One process trains the whole batch: scaling.num_workers does not apply.
-    check_run(config, resume=Path(resume) if resume else None, num_workers=1)
-    check_resume_target(Path(output).resolve(), Path(resume) if resume else None)
-    finished = finished_run(
-        config, output_dir=Path(output).resolve(), resume=Path(resume) if resume else None
+    start = plan_start(
+        config,
+        output_dir=Path(output).resolve(),
+        resume=Path(resume) if resume else None,
+        num_workers=1,
     )
-    if finished is not None:
-        return finished
+    if start.finished is not None:
+        return start.finished
     manifest = load_manifest(config.data.data_dir)
     images, labels, _ = load_split_tensors(config.data.data_dir, config.data.train_split)
-    # The same checkpoint run_training will resume from: continue its data position.
-    resumed_from = resume_point(Path(output).resolve(), Path(resume) if resume else None)
-    if resumed_from is not None:
-        check_resume_compatible(config, resumed_from)
-    position = DataPosition.from_state(
-        read_progress(resumed_from) if resumed_from else {}, global_batch=config.train.batch_size
-    )
+    # Continue the data position of the checkpoint run_training resumes from.
+    position = DataPosition.from_state(start.progress, global_batch=config.train.batch_size)
     batches = infinite_batches(
         images,
         labels if config.model.class_cond else None,
@@ -320,7 +310,7 @@ def _train_single_process(config: Any, *, output: Any, resume: str | None) -> di
         config,
         batches=batches,
         output_dir=output,
-        resume=Path(resume) if resume else None,
+        resume=start.checkpoint,
         val_data=val_data,
     )
 

@@ -124,10 +124,9 @@ def build_split(
     size = decoded_bytes(manifest, split)
     cache = 0 < size <= config.cache_max_bytes
     reorder = train and config.shuffle_blocks
-    block_seed = config.seed
     # reseed_after_execution: Ray mixes the execution index (the epoch) into the seed.
     file_shuffle = (
-        FileShuffleConfig(seed=block_seed, reseed_after_execution=True)
+        FileShuffleConfig(seed=config.seed, reseed_after_execution=True)
         if reorder and not cache
         else None
     )
@@ -151,7 +150,7 @@ def build_split(
             # All-to-all, but over cached block references: free. (On a streamed dataset it
             # would hold a whole epoch in the object store, hence the file shuffle there.)
             dataset = dataset.randomize_block_order(
-                seed=RandomSeedConfig(seed=block_seed, reseed_after_execution=True)
+                seed=RandomSeedConfig(seed=config.seed, reseed_after_execution=True)
             )
     else:
         logger.info(

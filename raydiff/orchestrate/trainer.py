@@ -15,13 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from raydiff.config import ExperimentConfig, from_dict, to_dict
-from raydiff.train.checkpoint import read_progress, resume_point
-from raydiff.train.preflight import (
-    check_resume_compatible,
-    check_resume_target,
-    check_run,
-    finished_run,
-)
+from raydiff.train.preflight import plan_start
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +103,6 @@ def run_training_job(
     config = sync_data_config(from_dict(ExperimentConfig, config_dict))
     out = Path(output_dir).expanduser().resolve()
     resume_path = Path(resume).expanduser().resolve() if resume else None
-    check_run(config, resume=resume_path)
-    check_resume_target(out, resume_path)
     if not RUN_NAME.fullmatch(out.name):
         # Ray Train stores the run under storage_path/name: a sanitised name would put the
         # checkpoints in another folder than the one every other file (and resume) uses.
@@ -119,13 +111,10 @@ def run_training_job(
             f"name and may only hold letters, digits, '_', '.' and '-' (e.g. "
             f"{re.sub(r'[^A-Za-z0-9_.-]', '-', out.name)!r})"
         )
-    finished = finished_run(config, output_dir=out, resume=resume_path)
-    if finished is not None:
-        return finished
-    resumed_from = resume_point(out, resume_path)
-    progress = read_progress(resumed_from) if resumed_from else {}
-    if resumed_from is not None:
-        check_resume_compatible(config, resumed_from)
+    start = plan_start(config, output_dir=out, resume=resume_path)
+    if start.finished is not None:
+        return start.finished
+    resumed_from, progress = start.checkpoint, start.progress
 
     import ray.train
     from ray.train.torch import TorchTrainer

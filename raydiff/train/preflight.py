@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,29 +74,52 @@ def check_resume_target(output_dir: Path, resume: Path | None) -> None:
         )
 
 
-def finished_run(
-    config: ExperimentConfig, *, output_dir: Path, resume: Path | None = None
-) -> dict[str, Any] | None:
-    """The result of a run that is already at ``train.max_steps``, else None (there is work).
+@dataclass(frozen=True)
+class StartPoint:
+    """Where a run starts: the checkpoint it continues (None: from scratch) and its progress."""
 
-    Re-running a finished run (``make demo`` twice) would otherwise load the data, build the
-    model (and on Ray start the worker group and the data pipeline) only to train zero steps.
-    Logs a warning that says how to train on. Checkpoints written before ``progress.json``
-    existed do not count as finished here (their step is only inside ``trainer.pt``).
+    checkpoint: Path | None
+    progress: dict[str, int]  # the checkpoint's progress.json ({} from scratch)
+    finished: dict[str, Any] | None  # the run's result when it is already at train.max_steps
+
+
+def plan_start(
+    config: ExperimentConfig,
+    *,
+    output_dir: Path,
+    resume: Path | None = None,
+    num_workers: int | None = None,
+) -> StartPoint:
+    """Every check before a run starts (the Ray driver and ``--single-process`` alike), and the
+    checkpoint it continues from: ``--resume``, else the newest complete one in ``output_dir``.
+
+    Raises naming the field (:func:`check_run`, :func:`check_resume_target`,
+    :func:`check_resume_compatible`). A run already at ``train.max_steps`` comes back with
+    ``finished`` set and a warning that says how to train on: re-running it (``make demo``
+    twice) would otherwise load the data, build the model (and on Ray start the worker group
+    and the data pipeline) only to train zero steps. Checkpoints written before
+    ``progress.json`` existed do not count as finished (their step is only in ``trainer.pt``).
     """
-    resumed_from = resume_point(output_dir, resume)
-    step = read_progress(resumed_from).get("step", 0) if resumed_from else 0
-    if resumed_from is None or step < config.train.max_steps:
-        return None
-    logger.warning(
-        "nothing to train: %s is at step %d and train.max_steps=%d; pass --max-steps N (N > %d) "
-        "to train on, or --output DIR for a new run",
-        resumed_from,
-        step,
-        config.train.max_steps,
-        step,
-    )
-    return {"step": step, "checkpoint": str(resumed_from), "output_dir": str(output_dir)}
+    check_run(config, resume=resume, num_workers=num_workers)
+    check_resume_target(output_dir, resume)
+    checkpoint = resume_point(output_dir, resume)
+    if checkpoint is None:
+        return StartPoint(checkpoint=None, progress={}, finished=None)
+    progress = read_progress(checkpoint)
+    step = progress.get("step", 0)
+    if step >= config.train.max_steps:
+        logger.warning(
+            "nothing to train: %s is at step %d and train.max_steps=%d; pass --max-steps N "
+            "(N > %d) to train on, or --output DIR for a new run",
+            checkpoint,
+            step,
+            config.train.max_steps,
+            step,
+        )
+        finished = {"step": step, "checkpoint": str(checkpoint), "output_dir": str(output_dir)}
+        return StartPoint(checkpoint=checkpoint, progress=progress, finished=finished)
+    check_resume_compatible(config, checkpoint)
+    return StartPoint(checkpoint=checkpoint, progress=progress, finished=None)
 
 
 # Fields a resumed run may change: they do not change the weights' meaning or the objective.
