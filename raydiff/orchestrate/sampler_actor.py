@@ -42,10 +42,8 @@ ACTOR_NAMESPACE = "raydiff"
 class LossHistoryActor:
     """Holds a ``LossSecondMomentResampler``'s history; the math stays in raydiff.core."""
 
-    def __init__(self, num_timesteps: int, history_per_term: int, uniform_prob: float) -> None:
-        self._sampler = LossSecondMomentResampler(
-            _StepCount(num_timesteps), history_per_term, uniform_prob
-        )
+    def __init__(self, num_timesteps: int) -> None:
+        self._sampler = history_sampler(num_timesteps)
         self._version = 0
 
     def record(self, ts: np.ndarray, losses: np.ndarray) -> None:
@@ -55,11 +53,7 @@ class LossHistoryActor:
 
     def reset(self) -> None:
         """Forget every recorded loss (a run starting from scratch)."""
-        self._sampler = LossSecondMomentResampler(
-            _StepCount(self._sampler.num_timesteps),
-            self._sampler.history_per_term,
-            self._sampler.uniform_prob,
-        )
+        self._sampler = history_sampler(self._sampler.num_timesteps)
         self._version += 1
 
     def weights(self) -> tuple[int, np.ndarray]:
@@ -70,10 +64,21 @@ class LossHistoryActor:
         return {"loss_history": state["loss_history"], "loss_counts": state["loss_counts"]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        full = self._sampler.state_dict()
-        full.update(loss_history=state["loss_history"], loss_counts=state["loss_counts"])
-        self._sampler.load_state_dict(full)
+        self._sampler = history_sampler(self._sampler.num_timesteps, state)
         self._version += 1
+
+
+def history_sampler(
+    num_timesteps: int, history: dict[str, Any] | None = None
+) -> LossSecondMomentResampler:
+    """IDDPM's loss-second-moment sampler (10 losses per t, 0.1% uniform), empty or holding
+    ``history`` (its ``loss_history`` and ``loss_counts``)."""
+    sampler = LossSecondMomentResampler(_StepCount(num_timesteps), 10, 0.001)
+    if history is not None:
+        full = sampler.state_dict()
+        full.update(loss_history=history["loss_history"], loss_counts=history["loss_counts"])
+        sampler.load_state_dict(full)
+    return sampler
 
 
 class _StepCount:
@@ -94,7 +99,7 @@ def get_or_create_actor(run_name: str, *, num_timesteps: int) -> ray.actor.Actor
         namespace=ACTOR_NAMESPACE,
         get_if_exists=True,
         lifetime="detached",
-    ).remote(num_timesteps, 10, 0.001)
+    ).remote(num_timesteps)
 
 
 def kill_actor(run_name: str) -> None:
@@ -201,11 +206,7 @@ class ActorSyncedSampler(ScheduleSampler):
         if "weights" in state:
             self._weights = state["weights"].numpy().astype(np.float64)
         elif "loss_history" in state:  # the same on every rank: computed from the same state
-            local = LossSecondMomentResampler(_StepCount(self.num_timesteps))
-            full = local.state_dict()
-            full.update(loss_history=state["loss_history"], loss_counts=state["loss_counts"])
-            local.load_state_dict(full)
-            self._weights = local.weights()
+            self._weights = history_sampler(self.num_timesteps, state).weights()
         else:
             self._weights = np.ones(self.num_timesteps, dtype=np.float64)
 
