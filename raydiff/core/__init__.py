@@ -3,13 +3,11 @@
 Porting improved-/guided-diffusion code is a change of import::
 
     from raydiff.core import GaussianDiffusion, SpacedDiffusion, space_timesteps, UNetModel
+
+Building these from a typed config is ``raydiff.factory`` (above the core: importing
+``raydiff.core`` loads no config, data or Ray module).
 """
 
-from raydiff.core.factory import (
-    create_gaussian_diffusion,
-    create_model,
-    create_model_and_diffusion,
-)
 from raydiff.core.gaussian_diffusion import (
     GaussianDiffusion,
     LossType,
@@ -53,9 +51,6 @@ __all__ = [
     "UniformSampler",
     "approx_standard_normal_cdf",
     "betas_for_alpha_bar",
-    "create_gaussian_diffusion",
-    "create_model",
-    "create_model_and_diffusion",
     "create_named_schedule_sampler",
     "discretized_gaussian_log_likelihood",
     "get_named_beta_schedule",

@@ -8,28 +8,33 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
-from raydiff.data.manifest import load_manifest
+from raydiff.data.manifest import Manifest, load_manifest
+from raydiff.data.order import flip_mask, row_order_seed
+from raydiff.errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
 
 def load_split_tensors(
-    uri: str, split: str = "train", *, limit: int | None = None
+    uri: str, split: str = "train", *, limit: int | None = None, manifest: Manifest | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None, list[str]]:
-    """Decode ``split`` of the prepared dataset at ``uri``.
+    """Decode ``split`` of the prepared dataset at ``uri`` (whose ``manifest`` the caller may
+    have read already).
 
     :return: ``(x, y, class_names)``: x float32 ``[N, C, H, W]`` in [-1, 1] (improved-diffusion's
         ``x / 127.5 - 1``), y int64 ``[N]`` or None for unlabelled data.
     """
-    manifest = load_manifest(uri)
+    manifest = manifest or load_manifest(uri)
     if split not in manifest.splits:
-        raise ValueError(
+        raise UserInputError(
             f"dataset {uri} has no split {split!r}; its splits: {', '.join(manifest.splits)}"
         )
     size, channels = manifest.image_size, manifest.channels
@@ -50,3 +55,48 @@ def load_split_tensors(
     has_labels = bool((y >= 0).all()) and bool(manifest.classes)
     logger.info("loaded %d %s images of %dx%dx%d from %s", len(x), split, size, size, channels, uri)
     return x, (y if has_labels else None), list(manifest.classes or [])
+
+
+def infinite_batches(
+    images: torch.Tensor,
+    labels: torch.Tensor | None,
+    *,
+    batch_size: int,
+    seed: int,
+    start_epoch: int = 0,
+    skip_batches: int = 0,
+    random_flip: bool = True,
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """In-memory training data: ``(epoch, batch)`` forever, reshuffled every epoch.
+
+    ``batch`` is what the Ray Data pipeline's batches hold: ``x`` float32 ``[B, C, H, W]``,
+    ``index`` int64 ``[B]`` (rows of the split) and ``y`` int64 ``[B]`` when ``labels`` are given.
+    The order and the flips are seeded as in the Ray pipeline (:mod:`raydiff.data.order`): a
+    row's flip depends on (seed, epoch, row) only. With ``random_flip`` (``data.random_flip``)
+    each image is flipped horizontally with probability 1/2, as guided-diffusion's loader does
+    (improved-diffusion's never flips). ``start_epoch`` and ``skip_batches`` (batches of the first
+    epoch already trained on) continue a resumed run exactly where it stopped; the last partial
+    batch of an epoch is dropped, as on Ray.
+    """
+    n = images.shape[0]
+    if n < batch_size:
+        raise ValueError(f"dataset has {n} images, fewer than one batch of {batch_size}")
+    if skip_batches < 0:
+        raise ValueError(f"skip_batches={skip_batches} is invalid; valid values: integers >= 0")
+    epoch = start_epoch
+    first = skip_batches * batch_size
+    while True:
+        generator = torch.Generator().manual_seed(row_order_seed(seed=seed, epoch=epoch))
+        order = torch.randperm(n, generator=generator)
+        flips = torch.from_numpy(flip_mask(np.arange(n), seed=seed, epoch=epoch))
+        for i in range(first, n - batch_size + 1, batch_size):
+            idx = order[i : i + batch_size]
+            x = images[idx]
+            if random_flip:
+                x = torch.where(flips[idx].view(-1, 1, 1, 1), x.flip(-1), x)
+            batch: dict[str, Any] = {"x": x, "index": idx}
+            if labels is not None:
+                batch["y"] = labels[idx]
+            yield epoch, batch
+        first = 0
+        epoch += 1

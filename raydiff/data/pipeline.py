@@ -38,6 +38,7 @@ import numpy as np
 
 from raydiff.data.config import DataConfig
 from raydiff.data.manifest import Manifest, check_compatible, load_manifest
+from raydiff.data.order import block_order_seed, flip_mask, shuffle_buffer_seed
 
 if TYPE_CHECKING:
     import ray.data
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SHARD_COLUMNS = ["key", "label", "index", "png"]
-_MASK64 = (1 << 64) - 1
 
 
 def decoded_bytes(manifest: Manifest, split: str) -> int:
@@ -126,7 +126,7 @@ def build_split(
     reorder = train and config.shuffle_blocks
     # reseed_after_execution: Ray mixes the execution index (the epoch) into the seed.
     file_shuffle = (
-        FileShuffleConfig(seed=config.seed, reseed_after_execution=True)
+        FileShuffleConfig(seed=block_order_seed(config.seed), reseed_after_execution=True)
         if reorder and not cache
         else None
     )
@@ -150,7 +150,9 @@ def build_split(
             # All-to-all, but over cached block references: free. (On a streamed dataset it
             # would hold a whole epoch in the object store, hence the file shuffle there.)
             dataset = dataset.randomize_block_order(
-                seed=RandomSeedConfig(seed=config.seed, reseed_after_execution=True)
+                seed=RandomSeedConfig(
+                    seed=block_order_seed(config.seed), reseed_after_execution=True
+                )
             )
     else:
         logger.info(
@@ -165,10 +167,81 @@ def build_split(
         # executions of this dataset object from where it stands now. A resumed run builds a new
         # object, so move its count to where the uninterrupted run's was at the resumed epoch:
         # its next execution then gives that epoch's order (and skip_batches drops exactly the
-        # batches already trained on). ``_execution_idx`` is Ray's private counter (Ray 2.60);
-        # tests/integration/test_data_pipeline.py pins the behaviour.
+        # batches already trained on). Ray 2.60 has no public way to start or reseed that count:
+        # ``_execution_idx`` is private, so check_execution_counter first verifies that this Ray
+        # still behaves as assumed (tests/integration/test_data_pipeline.py pins the result).
+        check_execution_counter(dataset)
         dataset.context._execution_idx += epoch_offset
     return dataset
+
+
+def check_execution_counter(dataset: ray.data.Dataset) -> None:
+    """Raise RuntimeError unless Ray Data's private per-dataset execution counter is what
+    ``build_split`` moves for a resumed run: ``dataset.context._execution_idx`` is an int, Ray
+    adds one per execution, a ``reseed_after_execution`` seed changes the block order with it,
+    and a new dataset whose counter was moved to k replays the order of execution k.
+
+    Without this a Ray upgrade that renamed or re-purposed the counter would silently give a
+    resumed run another epoch's data order (and ``skip_batches`` would drop the wrong rows).
+    The behavioural probe (three executions of a 16-row dataset, ~1 s) runs once per process.
+    """
+    if not isinstance(getattr(dataset.context, "_execution_idx", None), int):
+        _execution_counter_error("DataContext._execution_idx is missing or not an int")
+    _probe_execution_counter()
+
+
+@functools.cache
+def _probe_execution_counter() -> None:
+    import ray.data
+    from ray.data import RandomSeedConfig
+
+    def probe() -> ray.data.Dataset:
+        dataset = ray.data.range(16, override_num_blocks=16).randomize_block_order(
+            seed=RandomSeedConfig(seed=0, reseed_after_execution=True)
+        )
+        dataset.context.execution_options.preserve_order = True  # order = block order
+        return dataset
+
+    def execute(dataset: ray.data.Dataset) -> list[int]:
+        return [int(row["id"]) for row in dataset.take_all()]
+
+    first = probe()
+    start = getattr(first.context, "_execution_idx", None)
+    if not isinstance(start, int):
+        _execution_counter_error("DataContext._execution_idx is missing or not an int")
+    orders = []
+    for done in (1, 2):
+        orders.append(execute(first))
+        if first.context._execution_idx != start + done:
+            _execution_counter_error(
+                f"DataContext._execution_idx went from {start} to "
+                f"{first.context._execution_idx} after {done} execution(s), not up by one each"
+            )
+    if orders[0] == orders[1]:
+        _execution_counter_error(
+            "randomize_block_order(RandomSeedConfig(reseed_after_execution=True)) gave the same "
+            "block order in two executions"
+        )
+    moved = probe()
+    moved.context._execution_idx += 1
+    if execute(moved) != orders[1]:
+        _execution_counter_error(
+            "a new dataset whose DataContext._execution_idx was moved by one does not replay "
+            "the second execution's block order"
+        )
+
+
+def _execution_counter_error(problem: str) -> None:
+    import ray
+
+    raise RuntimeError(
+        f"Ray {ray.__version__}: {problem}. raydiff moves this private Ray Data counter so that a "
+        "run resumed in a later epoch sees that epoch's block / file order (verified on Ray "
+        "2.60.0); with this Ray it would silently train on another order. Resume with the Ray "
+        "raydiff supports (pip install 'ray[default,train,tune,data]==2.60.0'), or set "
+        "data.shuffle_blocks=false (no per-epoch block order to restore), and report it so that "
+        "raydiff.data.pipeline.build_split can be updated."
+    )
 
 
 def _read_shards(uris: list[str], *, shuffle: Any) -> ray.data.Dataset:
@@ -267,7 +340,11 @@ def iterate_batches(
             prefetch_batches=config.prefetch_batches,
             drop_last=train,
             local_shuffle_buffer_size=config.shuffle_buffer_size if shuffle_rows else None,
-            local_shuffle_seed=mix_seed(config.seed, epoch, rank) if shuffle_rows else None,
+            local_shuffle_seed=(
+                shuffle_buffer_seed(seed=config.seed, epoch=epoch, rank=rank)
+                if shuffle_rows
+                else None
+            ),
             collate_fn=collate,
         ):
             num_batches += 1
@@ -283,32 +360,6 @@ def iterate_batches(
             )
         to_skip = 0  # a resumed position past the epoch's end starts the next epoch afresh
         epoch += 1
-
-
-def mix_seed(*parts: int) -> int:
-    """A 32-bit seed from several integers (splitmix64 over them; stable across processes)."""
-    state = 0x9E3779B97F4A7C15
-    for part in parts:
-        state = _splitmix64((state ^ (part & _MASK64)) & _MASK64)
-    return state & 0xFFFFFFFF
-
-
-def flip_mask(index: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
-    """Bool [B]: whether each row (by its split index) is flipped in this epoch."""
-    base = np.uint64(mix_seed(seed, epoch) | (mix_seed(epoch, seed) << 32))
-    with np.errstate(over="ignore"):
-        z = index.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + base
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(63)).astype(bool)
-
-
-def _splitmix64(z: int) -> int:
-    z = (z + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
 
 
 def make_collate_fn(

@@ -1,7 +1,7 @@
-"""The driver: validate the config, build the datasets and run one ``TorchTrainer``.
+"""The driver: check the run, build the datasets and run one ``TorchTrainer``.
 
-``run_training_job(config_dict)`` is a function of a config dict that returns the final metrics,
-so a Tune trial (the sweep issue) can call it once per trial.
+``run_training_job(config, output_dir=...)`` returns the final metrics, so a Tune trial can call
+it once per trial.
 """
 
 from __future__ import annotations
@@ -11,19 +11,16 @@ import logging
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
-from raydiff.config import ExperimentConfig, from_dict, to_dict
+from raydiff.config import ExperimentConfig
+from raydiff.data.manifest import Manifest, load_manifest
+from raydiff.errors import UserInputError
 from raydiff.train.preflight import plan_start
 
 logger = logging.getLogger(__name__)
-
-
-def sync_data_config(config: ExperimentConfig) -> ExperimentConfig:
-    """Make the data path absolute: workers chdir into their own run folder."""
-    config.data.data_dir = _absolute(config.data.data_dir)
-    return config
 
 
 def _absolute(uri: str) -> str:
@@ -33,34 +30,28 @@ def _absolute(uri: str) -> str:
 RUN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def ensure_ray(*, num_workers: int, cpus_per_worker: float) -> None:
-    """Connect to a running cluster (RAY_ADDRESS or a local `ray start`), else start one here."""
+def ensure_ray(*, address: str | None, num_workers: int, cpus_per_worker: float) -> None:
+    """Join the Ray cluster at ``address``, else start a local instance for this run.
+
+    ``address``: ``auto`` (the cluster a ``ray start`` on this machine runs), ``HOST:PORT`` or
+    ``ray://...``; ``None`` takes ``RAY_ADDRESS`` (what ``ray job submit`` sets for its driver)
+    and without it starts a new local instance. Never ``ray.init()``'s own guess: on a machine
+    where another process runs a private instance it would join that, and the run would die
+    with that process.
+    """
     import ray
 
     if ray.is_initialized():
         return
     # The dashboard's Train page needs state tracking switched on in the driver.
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
-    address = os.environ.get("RAY_ADDRESS", "")
-    if address and address != "local":
-        ray.init(address=address)
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    if address != "local":
+        ray.init(address=address, logging_level=logging.WARNING)
+        logger.info("connected to the Ray cluster at %s", address)
         return
-    if not address:
-        # A cluster started with `ray start` on this machine records its address in Ray's temp
-        # folder. Not ray.init(address="auto"): that also joins any other process's private
-        # ray.init() instance, and the run dies with that process.
-        from ray._private.services import find_bootstrap_address
-
-        cluster = find_bootstrap_address(None)
-        if cluster:
-            try:
-                ray.init(address=cluster)
-                logger.info("connected to the Ray cluster at %s (ray start)", cluster)
-                return
-            except ConnectionError:  # a stale record of a stopped cluster
-                logger.info("no Ray cluster answers at %s; starting a local one", cluster)
-    # A new local instance (RAY_ADDRESS=local forces one). Training workers must not take every
-    # CPU or Ray Data has none left to decode with, hence the spare logical CPUs.
+    # Training workers must not take every CPU or Ray Data has none left to decode with, hence
+    # the spare logical CPUs.
     needed = math.ceil(num_workers * cpus_per_worker) + 2
     start_local_ray(num_cpus=max(os.cpu_count() or 1, needed))
     logger.info("started a local Ray instance (dashboard: http://127.0.0.1:8265)")
@@ -73,6 +64,20 @@ def ensure_ray(*, num_workers: int, cpus_per_worker: float) -> None:
 # signal-check timer), taking ~0.6% of a core from training (measured on the 2-core CI VM).
 # Clusters started with `ray start` keep Ray's defaults.
 LOCAL_INSTANCE_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+
+
+def quiet_ray_console() -> None:
+    """Keep Ray's own INFO lines and deprecation notices off this process's console.
+
+    They stay in Ray's log files (``/tmp/ray/session_latest/logs``) and come back with
+    ``raydiff -v``; raydiff's progress lines are what a user running a job wants to see.
+    """
+    if logging.getLogger("raydiff").isEnabledFor(logging.DEBUG):
+        return
+    for name in ("ray", "ray.train", "ray.data", "ray.tune"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray(\.|$)")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray(\.|$)")
 
 
 def start_local_ray(*, num_cpus: int, **init_kwargs: Any) -> None:
@@ -88,30 +93,35 @@ def start_local_ray(*, num_cpus: int, **init_kwargs: Any) -> None:
 
 
 def run_training_job(
-    config_dict: dict[str, Any],
+    config: ExperimentConfig,
     *,
-    output_dir: str,
-    resume: str | None = None,
+    output_dir: str | Path,
+    resume: str | Path | None = None,
+    manifest: Manifest | None = None,
+    address: str | None = None,
     show_data_progress: bool = False,
 ) -> dict[str, Any]:
-    """Train with Ray Train; returns rank 0's final metrics plus the checkpoint path.
+    """Train ``config`` with Ray Train; returns rank 0's final metrics plus the checkpoint path.
 
     Re-running with the same ``output_dir`` continues that run from its latest checkpoint; a run
     already at ``train.max_steps`` returns at once (its step and checkpoint) without starting Ray.
+    ``manifest``: the dataset's manifest when the caller has read it already. ``address``: the
+    Ray cluster to join (:func:`ensure_ray`).
     """
-    # Validate before Ray is even imported: a bad config must not start a cluster or a worker.
-    config = sync_data_config(from_dict(ExperimentConfig, config_dict))
+    # Every check runs before Ray is even imported: a bad config must not start a cluster.
+    config.data.data_dir = _absolute(config.data.data_dir)  # workers chdir into their run folder
     out = Path(output_dir).expanduser().resolve()
     resume_path = Path(resume).expanduser().resolve() if resume else None
     if not RUN_NAME.fullmatch(out.name):
         # Ray Train stores the run under storage_path/name: a sanitised name would put the
         # checkpoints in another folder than the one every other file (and resume) uses.
-        raise ValueError(
+        raise UserInputError(
             f"--output {output_dir}: the run folder's name {out.name!r} becomes the Ray Train run "
             f"name and may only hold letters, digits, '_', '.' and '-' (e.g. "
             f"{re.sub(r'[^A-Za-z0-9_.-]', '-', out.name)!r})"
         )
-    start = plan_start(config, output_dir=out, resume=resume_path)
+    manifest = manifest or load_manifest(config.data.data_dir)
+    start = plan_start(config, output_dir=out, resume=resume_path, manifest=manifest)
     if start.finished is not None:
         return start.finished
     resumed_from, progress = start.checkpoint, start.progress
@@ -124,7 +134,10 @@ def run_training_job(
     from raydiff.orchestrate.worker import train_loop_per_worker
 
     scaling = config.scaling
-    ensure_ray(num_workers=scaling.num_workers, cpus_per_worker=scaling.cpus_per_worker)
+    ensure_ray(
+        address=address, num_workers=scaling.num_workers, cpus_per_worker=scaling.cpus_per_worker
+    )
+    quiet_ray_console()
 
     run_name = out.name
     # The sampler actor is named per run folder, not per folder name: two runs called "demo" in
@@ -139,14 +152,14 @@ def run_training_job(
         DataContext.get_current().enable_progress_bars = False
     # A resumed run's data pipeline starts at the checkpoint's epoch (its block order included);
     # the workers then skip the part of that epoch already trained on.
-    datasets = build_datasets(config.data, epoch_offset=progress.get("epoch", 0))
+    datasets = build_datasets(config.data, manifest=manifest, epoch_offset=progress.get("epoch", 0))
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:
         get_or_create_actor(actor_key, num_timesteps=config.diffusion.diffusion_steps)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
-            "config": to_dict(config),
+            "config": config,  # the typed config itself: it crosses to the workers once
             "actor_key": actor_key,
             "output_dir": str(out),
             # What the workers start from when Ray Train has no checkpoint of its own for this

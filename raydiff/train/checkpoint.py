@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from raydiff.errors import UserInputError
+
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d+)$")
 PROGRESS_FILE = "progress.json"
 FILES_FILE = "files.json"
@@ -212,7 +214,7 @@ def load_model_weights(model: torch.nn.Module, path: str | Path) -> None:
         if k in state and tuple(state[k].shape) != tuple(own[k].shape)
     ]
     if missing or unexpected or shapes:
-        raise ValueError(
+        raise UserInputError(
             f"{path} does not match the configured model (set the model flags it was trained "
             f"with, e.g. num_channels, num_res_blocks, learn_sigma, class_cond, channel_mult): "
             f"missing {missing[:4]}, unexpected {unexpected[:4]}, shape mismatches {shapes[:4]}"

@@ -12,15 +12,61 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raydiff.config import ExperimentConfig, to_dict
-from raydiff.data.manifest import check_compatible, load_manifest
+from raydiff.config import ExperimentConfig, apply_overrides, to_dict
+from raydiff.data.manifest import Manifest, check_compatible
+from raydiff.errors import ConfigError, UserInputError
 from raydiff.train.checkpoint import read_progress, require_checkpoint_dir, resume_point
 
 logger = logging.getLogger(__name__)
 
 
+def fit_to_data(
+    config: ExperimentConfig, manifest: Manifest, *, keep_channels: bool = False
+) -> ExperimentConfig:
+    """``config`` made to train on ``manifest``'s images, or a ConfigError saying how.
+
+    A preset's ``model.in_channels`` follows the data (the demo model trains on an RGB folder as
+    well as on Fashion-MNIST): the channel count only changes the first and last convolution.
+    ``keep_channels`` (the user set ``in_channels`` themselves) turns that into an error. The
+    image size shapes the whole UNet, so a mismatch is an error that names both ways out.
+    """
+    model = config.model
+    if manifest.image_size != model.image_size:
+        raise ConfigError(
+            section="model",
+            field="image_size",
+            value=model.image_size,
+            reason=f"the dataset {manifest.root} holds {manifest.image_size}x"
+            f"{manifest.image_size} images: train at their size with --set image_size="
+            f"{manifest.image_size}, or prepare the data again with --image-size "
+            f"{model.image_size}",
+        )
+    if manifest.channels != model.in_channels:
+        if keep_channels:
+            raise ConfigError(
+                section="model",
+                field="in_channels",
+                value=model.in_channels,
+                reason=f"the dataset {manifest.root} holds {manifest.channels}-channel images: "
+                f"drop the override (the model then takes the data's channels) or set "
+                f"in_channels={manifest.channels}",
+            )
+        logger.info(
+            "the dataset has %d-channel images: model.in_channels=%d (the config had %d)",
+            manifest.channels,
+            manifest.channels,
+            model.in_channels,
+        )
+        config = apply_overrides(config, [f"model.in_channels={manifest.channels}"])
+    return config
+
+
 def check_run(
-    config: ExperimentConfig, *, resume: Path | None = None, num_workers: int | None = None
+    config: ExperimentConfig,
+    *,
+    manifest: Manifest,
+    resume: Path | None = None,
+    num_workers: int | None = None,
 ) -> None:
     """Raise ValueError / FileNotFoundError naming the field when the run cannot start.
 
@@ -30,7 +76,6 @@ def check_run(
     """
     workers = config.scaling.num_workers if num_workers is None else num_workers
     config.train.per_worker_batch(workers)
-    manifest = load_manifest(config.data.data_dir)  # FileNotFoundError names the missing path
     check_compatible(
         manifest,
         image_size=config.model.image_size,
@@ -42,7 +87,7 @@ def check_run(
     if val and val in manifest.splits and manifest.splits[val].num_rows < workers:
         # Validation shards the split over the workers; an empty shard would end the run at its
         # last step, after all the training, before the final checkpoint.
-        raise ValueError(
+        raise UserInputError(
             f"data.val_split={val!r} has {manifest.splits[val].num_rows} images, fewer than the "
             f"{workers} workers it is split over: prepare a larger val split (raydiff prepare "
             f"--val-count N), train on fewer workers, or set data.val_split='' to skip validation"
@@ -67,7 +112,7 @@ def check_resume_target(output_dir: Path, resume: Path | None) -> None:
         return
     existing = sorted(p.name for p in Path(output_dir).glob("checkpoint_*") if p.is_dir())
     if existing:
-        raise ValueError(
+        raise UserInputError(
             f"--resume {resume}: the output folder {output_dir} already holds a run "
             f"({existing[-1]}); run without --resume to continue that run, or give --resume a "
             "new --output folder"
@@ -87,6 +132,7 @@ def plan_start(
     config: ExperimentConfig,
     *,
     output_dir: Path,
+    manifest: Manifest,
     resume: Path | None = None,
     num_workers: int | None = None,
 ) -> StartPoint:
@@ -100,7 +146,7 @@ def plan_start(
     and the data pipeline) only to train zero steps. Checkpoints written before
     ``progress.json`` existed do not count as finished (their step is only in ``trainer.pt``).
     """
-    check_run(config, resume=resume, num_workers=num_workers)
+    check_run(config, manifest=manifest, resume=resume, num_workers=num_workers)
     check_resume_target(output_dir, resume)
     checkpoint = resume_point(output_dir, resume)
     if checkpoint is None:
@@ -147,7 +193,7 @@ def check_resume_compatible(config: ExperimentConfig, checkpoint: Path) -> None:
         and f"{section}.{name}" not in RESUMABLE_CHANGES
     ]
     if changed:
-        raise ValueError(
+        raise UserInputError(
             f"cannot continue {checkpoint} with different model/diffusion settings ("
             + "; ".join(changed)
             + f"). Use the checkpoint's settings to continue it, or start a new run from its "

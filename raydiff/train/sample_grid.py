@@ -1,4 +1,4 @@
-"""Image grids of samples, written as PNG (what users look at during training)."""
+"""Sample grids during training: DDIM samples from the EMA weights, written as PNG."""
 
 from __future__ import annotations
 
@@ -8,6 +8,58 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+
+from raydiff.core.respace import SpacedDiffusion, space_timesteps
+from raydiff.train.validation import weights_swapped
+
+
+def sampling_diffusion(base: SpacedDiffusion, *, steps: int) -> SpacedDiffusion:
+    """A DDIM-spaced copy of the training diffusion for quick preview samples."""
+    total = base.original_num_steps
+    steps = min(steps, total)
+    try:
+        use = space_timesteps(total, f"ddim{steps}")
+    except ValueError:  # no integer stride gives exactly `steps`: equal sections instead
+        use = space_timesteps(total, str(steps))
+    kept = sorted(base.use_timesteps)
+    if len(kept) != total:  # already respaced: sample on its own steps
+        use = set(kept)
+    return SpacedDiffusion(
+        use_timesteps=use,
+        betas=base.original_betas,
+        model_mean_type=base.model_mean_type,
+        model_var_type=base.model_var_type,
+        loss_type=base.loss_type,
+        rescale_timesteps=base.rescale_timesteps,
+    )
+
+
+@torch.no_grad()
+def ema_samples(
+    *,
+    model: torch.nn.Module,
+    ema_state: dict[str, torch.Tensor],
+    diffusion: SpacedDiffusion,
+    num_samples: int,
+    image_shape: tuple[int, int, int],
+    seed: int,
+    num_classes: int | None,
+) -> torch.Tensor:
+    """DDIM samples ``[N, C, H, W]`` from ``ema_state``; a fixed seed makes grids comparable
+    over a run. Class-conditional models get the classes in turn."""
+    with weights_swapped(model, ema_state):
+        generator = torch.Generator().manual_seed(seed)
+        device = next(model.parameters()).device
+        kwargs = {}
+        if num_classes:
+            kwargs["y"] = (torch.arange(num_samples) % num_classes).to(device)
+        return diffusion.ddim_sample_loop(
+            model,
+            (num_samples, *image_shape),
+            model_kwargs=kwargs,
+            generator=generator,
+            device=device,
+        )
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch
 from raydiff.config import OptimConfig, TrainConfig
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import LossSync, ScheduleSampler
+from raydiff.seeding import derive_seed
 from raydiff.train.ema import EMA
 from raydiff.train.optimizer import build_optimizer
 from raydiff.train.precision import PrecisionPolicy
@@ -181,7 +182,13 @@ class Trainer:
     :param model: the module to call for the loss: the DDP wrapper on several workers.
     :param raw_model: the unwrapped module (for EMA and checkpoints); defaults to ``model``.
     :param local_batch_size: this worker's share of the global batch.
+    :param rank: this worker's rank; it keys the worker's random streams.
     :param loss_sync: gathers (t, loss) across workers for a loss-aware sampler.
+
+    Every random draw of a step (dropout, the q_sample noise, the timesteps) comes from streams
+    seeded by (``train.seed``, rank, step) at the start of the step. A run resumed at step k, on
+    any number of workers, therefore draws exactly what the uninterrupted run drew at step k, and
+    no generator state needs saving.
     """
 
     def __init__(
@@ -195,6 +202,7 @@ class Trainer:
         local_batch_size: int,
         device: torch.device,
         raw_model: torch.nn.Module | None = None,
+        rank: int = 0,
         loss_sync: LossSync | None = None,
     ) -> None:
         self.model = model
@@ -205,6 +213,7 @@ class Trainer:
         self.train_config = train
         self.device = device
         self.local_batch_size = local_batch_size
+        self.rank = rank
         self.microbatch = train.microbatch if train.microbatch > 0 else local_batch_size
         if local_batch_size % self.microbatch:
             raise ValueError(
@@ -243,6 +252,9 @@ class Trainer:
             raise ValueError(
                 f"expected a local batch of {self.local_batch_size}, got {x_start.shape[0]}"
             )
+        seed = self.train_config.seed
+        torch.manual_seed(derive_seed(seed, "step", self.rank, self.step))  # dropout, noise
+        self.sampler.generator.manual_seed(derive_seed(seed, "timesteps", self.rank, self.step))
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -379,45 +391,6 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.precision.load_state_dict(state["precision"])
         self.sampler.load_state_dict(state["sampler"])
-
-
-def infinite_batches(
-    images: torch.Tensor,
-    labels: torch.Tensor | None,
-    *,
-    batch_size: int,
-    seed: int,
-    start_epoch: int = 0,
-    skip_batches: int = 0,
-    random_flip: bool = True,
-) -> Iterator[tuple[int, torch.Tensor, dict[str, torch.Tensor]]]:
-    """In-memory data for single-process runs: ``(epoch, x, cond)`` forever, reshuffled per epoch.
-
-    With ``random_flip`` (``data.random_flip``, as the Ray Data pipeline) each image is flipped
-    horizontally with probability 1/2, as guided-diffusion's loader does (improved-diffusion's
-    never flips). The order and the flips are a function of (seed, epoch), so ``start_epoch`` and ``skip_batches`` (batches of the first
-    epoch already trained on) continue a resumed run exactly where it stopped.
-    """
-    n = images.shape[0]
-    if n < batch_size:
-        raise ValueError(f"dataset has {n} images, fewer than one batch of {batch_size}")
-    if skip_batches < 0:
-        raise ValueError(f"skip_batches={skip_batches} is invalid; valid values: integers >= 0")
-    epoch = start_epoch
-    first = skip_batches * batch_size
-    while True:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-        order = torch.randperm(n, generator=g)
-        flips = torch.rand(n, generator=g) < 0.5
-        for i in range(first, n - batch_size + 1, batch_size):
-            idx = order[i : i + batch_size]
-            x = images[idx]
-            if random_flip:
-                x = torch.where(flips[idx].view(-1, 1, 1, 1), x.flip(-1), x)
-            cond = {"y": labels[idx]} if labels is not None else {}
-            yield epoch, x, cond
-        first = 0
-        epoch += 1
 
 
 def progress_fields(metrics: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from raydiff.config import ExperimentConfig, apply_overrides, to_dict
+from raydiff.config import ExperimentConfig, apply_overrides, from_dict, to_dict
 from raydiff.train.checkpoint import load_checkpoint, read_progress
 
 GLOBAL_BATCH = 8
@@ -55,7 +55,9 @@ def tiny_config(data_dir: Path, **overrides: object) -> dict:
 def run(config: dict, output: Path, resume: Path | None = None) -> dict:
     from raydiff.orchestrate.trainer import run_training_job
 
-    return run_training_job(config, output_dir=str(output), resume=str(resume) if resume else None)
+    return run_training_job(
+        from_dict(ExperimentConfig, config), output_dir=output, resume=resume
+    )
 
 
 def recorded_losses(checkpoint: Path) -> int:
@@ -299,7 +301,8 @@ def test_a_ray_run_continues_a_single_process_run_in_its_folder(
 def test_a_driver_does_not_join_another_processs_private_instance(ray_cluster):
     """The test session's cluster is a private ray.init() of this process: a training driver
     in another process must start its own instance (ray.init(address="auto") joined it, and a
-    run would die when this process exits), joining only RAY_ADDRESS or a `ray start` cluster."""
+    run would die when this process exits): it joins only the cluster it is given (--address
+    or RAY_ADDRESS)."""
     import json
     import subprocess
     import sys
@@ -310,7 +313,7 @@ def test_a_driver_does_not_join_another_processs_private_instance(ray_cluster):
     code = (
         "import json, ray\n"
         "from raydiff.orchestrate.trainer import ensure_ray\n"
-        "ensure_ray(num_workers=1, cpus_per_worker=1)\n"
+        "ensure_ray(address=None, num_workers=1, cpus_per_worker=1)\n"
         "print(json.dumps(ray.get_runtime_context().gcs_address))\n"
         "ray.shutdown()\n"
     )

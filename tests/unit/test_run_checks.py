@@ -10,8 +10,10 @@ import pytest
 from raydiff.cli import main
 from raydiff.config import ExperimentConfig, apply_overrides, to_dict
 from raydiff.data import PrepareOptions, prepare_dataset
-from raydiff.orchestrate.trainer import run_training_job, sync_data_config
-from raydiff.train.preflight import check_run
+from raydiff.data.manifest import load_manifest
+from raydiff.errors import ConfigError
+from raydiff.orchestrate.trainer import run_training_job
+from raydiff.train import preflight
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,11 @@ BASE_OVERRIDES = [
 
 def config(dataset, *overrides):
     base = [*BASE_OVERRIDES, f"data.data_dir={dataset}"]
-    return sync_data_config(apply_overrides(ExperimentConfig(), [*base, *overrides]))
+    return apply_overrides(ExperimentConfig(), [*base, *overrides])
+
+
+def check_run(cfg, **kwargs):
+    preflight.check_run(cfg, manifest=load_manifest(cfg.data.data_dir), **kwargs)
 
 
 def finished_checkpoint(directory, *, step):
@@ -78,7 +84,7 @@ def test_image_size_or_channels_unlike_the_shards(dataset):
 
 def test_missing_data_path(tmp_path, dataset):
     with pytest.raises(FileNotFoundError, match=r"no manifest\.json.*raydiff prepare"):
-        check_run(config(dataset, f"data.data_dir={tmp_path / 'nowhere'}"))
+        check_run(config(dataset, f"data.data_dir={tmp_path / 'nowhere'}"))  # the manifest
 
 
 def test_missing_resume_and_init_paths(tmp_path, dataset):
@@ -114,7 +120,8 @@ def test_the_job_refuses_before_importing_ray(dataset, tmp_path):
     bad = to_dict(config(dataset, "train.batch_size=10", "scaling.num_workers=3"))
     code = (
         "import sys, json; from raydiff.orchestrate.trainer import run_training_job\n"
-        f"cfg = json.loads({json.dumps(json.dumps(bad))})\n"
+        "from raydiff.config import ExperimentConfig, from_dict\n"
+        f"cfg = from_dict(ExperimentConfig, json.loads({json.dumps(json.dumps(bad))}))\n"
         "try:\n"
         f"    run_training_job(cfg, output_dir={str(tmp_path / 'run')!r})\n"
         "except ValueError as e:\n"
@@ -125,7 +132,6 @@ def test_the_job_refuses_before_importing_ray(dataset, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "refused" in out.stdout
     assert not (tmp_path / "run").exists()
-    assert run_training_job is not None
 
 
 def test_a_finished_run_returns_at_once_without_ray(dataset, tmp_path):
@@ -135,7 +141,8 @@ def test_a_finished_run_returns_at_once_without_ray(dataset, tmp_path):
     cfg = to_dict(config(dataset, "train.max_steps=8"))
     code = (
         "import sys, json; from raydiff.orchestrate.trainer import run_training_job\n"
-        f"cfg = json.loads({json.dumps(json.dumps(cfg))})\n"
+        "from raydiff.config import ExperimentConfig, from_dict\n"
+        f"cfg = from_dict(ExperimentConfig, json.loads({json.dumps(json.dumps(cfg))}))\n"
         f"result = run_training_job(cfg, output_dir={str(out)!r})\n"
         "assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules)\n"
         "print(json.dumps(result))\n"
@@ -204,7 +211,7 @@ def test_continuing_a_run_with_other_model_or_diffusion_settings_is_refused(data
 def test_an_output_name_ray_would_rename_is_refused(dataset, tmp_path):
     """Ray Train stores checkpoints under storage_path/name: a name it cannot use must not be
     quietly changed (checkpoints would land beside the run folder, and resume would miss them)."""
-    cfg = to_dict(config(dataset))
+    cfg = config(dataset)
     with pytest.raises(ValueError, match=r"'lr=1e-3' becomes the Ray Train run name.*'lr-1e-3'"):
         run_training_job(cfg, output_dir=str(tmp_path / "lr=1e-3"))
     assert not (tmp_path / "lr=1e-3").exists()
@@ -228,3 +235,50 @@ def test_a_val_split_smaller_than_the_worker_count_is_refused(dataset):
     with pytest.raises(ValueError, match=r"data.val_split='val' has 4 images, fewer than the 8"):
         check_run(config(dataset, "train.batch_size=16", "scaling.num_workers=8"))
     check_run(config(dataset, "train.batch_size=16", "scaling.num_workers=8", "data.val_split="))
+
+
+def test_a_batch_the_workers_cannot_split_is_refused_before_preparing_data(
+    tmp_path, monkeypatch, capsys
+):
+    """The demo's dataset is prepared on the fly: a config mistake must not wait for that."""
+    monkeypatch.chdir(tmp_path)  # the demo's data/fashion-mnist does not exist here
+    argv = ["train", "--set", "batch_size=3", "--num-workers", "2", "--output", "run"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "batch_size=3" in err and "number of workers (2)" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_preset_takes_the_datas_channels(dataset):
+    """The data here is greyscale: a model configured for RGB trains on it with 1 channel,
+    unless the user set in_channels themselves."""
+    rgb = config(dataset, "model.in_channels=3")
+    manifest = load_manifest(str(dataset))
+    fitted = preflight.fit_to_data(rgb, manifest)
+    assert fitted.model.in_channels == 1 and fitted.data.channels == 1
+    check_run(fitted)
+    with pytest.raises(ConfigError, match=r"model\.in_channels=3 is invalid.*1-channel") as err:
+        preflight.fit_to_data(rgb, manifest, keep_channels=True)
+    assert err.value.field == "in_channels"
+
+
+def test_an_image_size_unlike_the_datas_names_both_ways_out(dataset):
+    big = config(dataset, "model.image_size=32", "model.attention_resolutions=16")
+    with pytest.raises(ConfigError, match=r"--set image_size=16.*--image-size 32") as err:
+        preflight.fit_to_data(big, load_manifest(str(dataset)))
+    assert (err.value.section, err.value.field) == ("model", "image_size")
+
+
+def test_the_cli_trains_a_preset_on_data_with_other_channels(dataset, tmp_path, caplog):
+    """`raydiff train` with an RGB-configured model on grey data: no 'prepare again'."""
+    finished_checkpoint(tmp_path / "r" / "checkpoint_000001", step=1)
+    preset = tmp_path / "rgb.yaml"  # as a preset for RGB data says it
+    preset.write_text("model:\n  in_channels: 3\n")
+    sets = [arg for o in BASE_OVERRIDES if "in_channels" not in o for arg in ("--set", o)]
+    argv = ["train", "--config", str(preset), "--single-process", "--data", str(dataset)]
+    argv += ["--max-steps", "1", *sets, "--output", str(tmp_path / "r")]
+    with caplog.at_level("INFO"):
+        assert main(argv) == 0
+    assert "1-channel images: model.in_channels=1 (the config had 3)" in caplog.text
+    assert main([*argv, "--set", "in_channels=3"]) == 1

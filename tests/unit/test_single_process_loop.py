@@ -7,9 +7,10 @@ from pathlib import Path
 import torch
 
 from raydiff.config import ExperimentConfig, apply_overrides
+from raydiff.data.in_memory import infinite_batches
 from raydiff.train.checkpoint import latest_checkpoint, read_progress
-from raydiff.train.loop import run_training
-from raydiff.train.trainer import infinite_batches
+from raydiff.train.local import LocalRuntime
+from raydiff.train.loop import run_loop
 
 NUM_IMAGES, BATCH = 40, 8  # 5 batches per epoch
 
@@ -46,47 +47,42 @@ def test_skip_batches_continues_the_epoch_order() -> None:
     full = infinite_batches(images(), None, batch_size=BATCH, seed=3)
     expected = [next(full) for _ in range(8)][3:]  # epoch 0 from batch 3 on, then epoch 1
     resumed = infinite_batches(images(), None, batch_size=BATCH, seed=3, skip_batches=3)
-    for (epoch_a, x_a, _), (epoch_b, x_b, _) in zip(expected, resumed, strict=False):
+    for (epoch_a, a), (epoch_b, b) in zip(expected, resumed, strict=False):
         assert epoch_a == epoch_b
-        assert torch.equal(x_a, x_b)
+        assert torch.equal(a["index"], b["index"]) and torch.equal(a["x"], b["x"])
 
 
 def test_flips_follow_data_random_flip() -> None:
     """Each batch holds whole images of the set, flipped only with random_flip (the default)."""
     data = images()
-    rows = {tuple(img.flatten().tolist()) for img in data}
     flipped_rows = {tuple(img.flip(-1).flatten().tolist()) for img in data}
     kept = infinite_batches(data, None, batch_size=BATCH, seed=3, random_flip=False)
     flipped = infinite_batches(data, None, batch_size=BATCH, seed=3)
     seen_flips = 0
     for _ in range(5):
-        (_, x_kept, _), (_, x_flip, _) = next(kept), next(flipped)
-        assert all(tuple(img.flatten().tolist()) in rows for img in x_kept)
+        (_, batch_kept), (_, batch_flip) = next(kept), next(flipped)
+        assert torch.equal(batch_kept["x"], data[batch_kept["index"]])
+        x_flip = batch_flip["x"]
         seen_flips += sum(tuple(img.flatten().tolist()) in flipped_rows for img in x_flip)
     assert 0 < seen_flips < NUM_IMAGES
 
 
-def run(max_steps: int, output: Path) -> dict:
-    config = tiny_config(max_steps)
-    checkpoint = latest_checkpoint(output)
-    progress = read_progress(checkpoint) if checkpoint else {}
-    batches = infinite_batches(
-        images(),
-        None,
-        batch_size=BATCH,
-        seed=config.train.seed,
-        start_epoch=progress.get("epoch", 0),
-        skip_batches=progress.get("epoch_samples", 0) // BATCH,
+def run(max_steps: int, output: Path, *, log_interval: int = 2) -> dict:
+    """A single-process run as `raydiff train --single-process` makes it, continuing the newest
+    checkpoint in ``output`` (4 sample-grid images, 4 DDIM steps to keep it quick)."""
+    config = apply_overrides(
+        tiny_config(max_steps),
+        ["train.sample_count=4", "train.sample_steps=4", f"train.log_interval={log_interval}"],
     )
-    val = images()[:12]
-    return run_training(
+    runtime = LocalRuntime(
         config,
-        batches=batches,
         output_dir=output,
-        num_preview_samples=4,
-        preview_steps=4,
-        val_data=(val, None),
+        resume=latest_checkpoint(output),
+        images=images(),
+        labels=None,
+        val=(images()[:12], None),
     )
+    return run_loop(config, runtime=runtime, output_dir=output)
 
 
 def test_writes_checkpoints_samples_events_and_resumes_at_its_data_position(
@@ -141,4 +137,27 @@ def test_a_restarted_run_replaces_the_events_logged_after_its_start(tmp_path: Pa
     assert session_starts() == [1]
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
-    assert [e.step for e in events.Scalars("train/loss")] == [2, 4]
+    assert [e.step for e in events.Scalars("train/loss")] == [2, 3, 4]  # log and save steps
+
+
+def test_a_resumed_run_continues_the_data_order_and_the_losses(tmp_path: Path) -> None:
+    """Steps 4-7 of a run resumed from its step-3 checkpoint see the same batches and give the
+    same losses as steps 4-7 of the uninterrupted run: weights, EMA, optimiser, sampler and data
+    position come from the checkpoint, and each step's random streams from (seed, rank, step)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def step_losses(folder: Path) -> dict[int, float]:
+        events = EventAccumulator(str(folder / "tensorboard"), size_guidance={"scalars": 0})
+        events.Reload()
+        return {e.step: e.value for e in events.Scalars("train/loss_step")}
+
+    run(7, tmp_path / "whole", log_interval=1)
+    run(3, tmp_path / "parts", log_interval=1)
+    run(7, tmp_path / "parts", log_interval=1)
+    whole, parts = step_losses(tmp_path / "whole"), step_losses(tmp_path / "parts")
+    assert sorted(parts) == list(range(1, 8))
+    assert [parts[s] for s in range(4, 8)] == [whole[s] for s in range(4, 8)]
+    for name in ("model.pt", "ema_0.9999.pt"):
+        a = torch.load(tmp_path / "whole" / "checkpoint_000007" / name, weights_only=True)
+        b = torch.load(tmp_path / "parts" / "checkpoint_000007" / name, weights_only=True)
+        assert all(torch.equal(a[k], b[k]) for k in a)

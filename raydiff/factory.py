@@ -1,4 +1,9 @@
-"""Build a model and its diffusion from the typed config (improved-diffusion's script_util)."""
+"""Config -> core objects: the UNet and the diffusion a typed config describes.
+
+improved-diffusion's ``script_util`` does this from keyword flags; here it takes the typed
+sections of :mod:`raydiff.config`. It lives above both, so ``raydiff.core`` stays free of any
+config (``import raydiff.core`` loads no config, data or Ray module).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from raydiff.config import DiffusionConfig, ModelConfig
 from raydiff.core.gaussian_diffusion import LossType, ModelMeanType, ModelVarType
 from raydiff.core.respace import SpacedDiffusion, space_timesteps
 from raydiff.core.schedules import get_named_beta_schedule
+from raydiff.core.unet import UNetModel
 
 
 class ModelAndDiffusionConfig(Protocol):
@@ -17,10 +23,8 @@ class ModelAndDiffusionConfig(Protocol):
     diffusion: DiffusionConfig
 
 
-def create_model(config: ModelConfig, *, learn_sigma: bool):
+def create_model(config: ModelConfig, *, learn_sigma: bool) -> UNetModel:
     """The UNet described by ``config``; ``learn_sigma`` doubles its output channels."""
-    from raydiff.core.unet import UNetModel
-
     return UNetModel(
         image_size=config.image_size,
         in_channels=config.in_channels,
@@ -72,7 +76,9 @@ def create_gaussian_diffusion(config: DiffusionConfig) -> SpacedDiffusion:
     )
 
 
-def create_model_and_diffusion(config: ModelAndDiffusionConfig):
+def create_model_and_diffusion(
+    config: ModelAndDiffusionConfig,
+) -> tuple[UNetModel, SpacedDiffusion]:
     """``(UNetModel, SpacedDiffusion)`` for a config with ``model`` and ``diffusion`` sections."""
     model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
     return model, create_gaussian_diffusion(config.diffusion)

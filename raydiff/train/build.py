@@ -1,0 +1,65 @@
+"""Config -> a ready ``Trainer`` for one rank: model, diffusion, timestep sampler, optimiser, EMA.
+
+The one assembly used by the training loop (every runtime) and the benchmarks. Resuming is
+``Trainer.restore`` (weights, every EMA rate, optimiser, loss scaler, sampler, step) plus the data
+position of the checkpoint; random streams need no restoring (see ``Trainer``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from raydiff.config import ExperimentConfig
+from raydiff.factory import create_gaussian_diffusion, create_model
+from raydiff.seeding import derive_seed
+from raydiff.train.checkpoint import load_model_weights
+from raydiff.train.trainer import Trainer
+
+if TYPE_CHECKING:
+    from raydiff.train.runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+
+def build_trainer(config: ExperimentConfig, *, runtime: Runtime, fresh: bool = True) -> Trainer:
+    """The trainer of ``runtime``'s rank for ``config``.
+
+    Every rank builds the same initial weights (seeded by ``train.seed``; DDP would broadcast rank
+    0's anyway). ``fresh``: the run starts without a checkpoint, so ``train.init_checkpoint``
+    (when set) provides the starting weights; a resumed run's weights come from its checkpoint.
+    """
+    torch.manual_seed(derive_seed(config.train.seed, "init"))
+    model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
+    if fresh and config.train.init_checkpoint:
+        load_model_weights(model, config.train.init_checkpoint)
+        logger.info("initialised the weights from %s", config.train.init_checkpoint)
+    wrapped = runtime.wrap_model(model)
+    diffusion = create_gaussian_diffusion(config.diffusion)
+    sampler = runtime.schedule_sampler(
+        diffusion, seed=derive_seed(config.train.seed, "timesteps", runtime.rank), fresh=fresh
+    )
+    trainer = Trainer(
+        model=wrapped,
+        raw_model=model,
+        diffusion=diffusion,
+        sampler=sampler,
+        optim=config.optim,
+        train=config.train,
+        local_batch_size=config.train.per_worker_batch(runtime.world_size),
+        device=runtime.device,
+        rank=runtime.rank,
+    )
+    logger.info(
+        "model: %.2fM parameters; diffusion: T=%d %s, %s, %s; %d worker(s), %d images each",
+        sum(p.numel() for p in model.parameters()) / 1e6,
+        diffusion.original_num_steps,
+        config.diffusion.noise_schedule,
+        diffusion.model_mean_type.name,
+        diffusion.loss_type.name,
+        runtime.world_size,
+        trainer.local_batch_size,
+    )
+    return trainer

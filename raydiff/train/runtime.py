@@ -1,0 +1,82 @@
+"""What the one training loop needs from where it runs: rank, data, collectives, checkpoints.
+
+:func:`raydiff.train.loop.run_loop` is written against this interface only. Two implementations:
+
+* :class:`raydiff.train.local.LocalRuntime`: one process, in-memory data, no collectives,
+  checkpoints written atomically into the run folder (``raydiff train --single-process``);
+* ``raydiff.orchestrate.worker.RayRuntime``: a Ray Train worker (DDP, Ray Data shard, the
+  loss-history actor, ``ray.train.report``).
+
+Contract for the loop: every rank calls :meth:`Runtime.report` at the same steps (on Ray it is a
+barrier and must be called the same number of times everywhere), and the checkpoint files
+function handed to it is called on the main rank only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from raydiff.core.gaussian_diffusion import GaussianDiffusion
+from raydiff.core.timestep_sampler import ScheduleSampler
+from raydiff.train.trainer import DataPosition
+
+Batch = dict[str, Any]
+"""``x`` float32 [B, C, H, W] in [-1, 1], ``index`` int64 [B], ``y`` int64 [B] when labelled."""
+
+ValBatches = list[tuple[torch.Tensor, dict[str, torch.Tensor]]]
+"""Validation images on the device, with their model kwargs (``y``) when class-conditional."""
+
+CheckpointFiles = Callable[[], dict[str, Any]]
+"""Returns the keyword arguments of ``raydiff.train.checkpoint.write_checkpoint_files``."""
+
+
+class Runtime(Protocol):
+    """Where the loop runs. See the module docstring for the calling contract."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: writes TensorBoard, sample grids, progress lines and checkpoints."""
+        ...
+
+    def resume_checkpoint(self) -> contextlib.AbstractContextManager[Path | None]:
+        """The checkpoint folder to continue from, readable inside the block (None: fresh)."""
+        ...
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move ``model`` to the device and wrap it for data parallelism where needed."""
+        ...
+
+    def schedule_sampler(
+        self, diffusion: GaussianDiffusion, *, seed: int, fresh: bool
+    ) -> ScheduleSampler:
+        """The run's timestep sampler (``fresh``: the run starts without a checkpoint)."""
+        ...
+
+    def train_batches(
+        self, *, batch_size: int, position: DataPosition
+    ) -> Iterator[tuple[int, Batch]]:
+        """``(epoch, batch)`` of this rank forever, starting at ``position``."""
+        ...
+
+    def val_batches(self, *, num_images: int, batch_size: int) -> ValBatches:
+        """Up to ``num_images`` validation images of this rank ([] without a val split)."""
+        ...
+
+    def all_reduce_sum(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Element-wise sums over all ranks (identity on one)."""
+        ...
+
+    def report(
+        self, metrics: dict[str, Any], *, step: int, checkpoint: CheckpointFiles | None
+    ) -> None:
+        """Publish ``metrics``; with ``checkpoint``, also save a checkpoint of ``step``."""
+        ...
