@@ -1,7 +1,7 @@
 """Ray Train overhead: images/s of one Ray Train worker vs the same training step in a plain loop.
 
-Acceptance criterion measured: "at the benchmark config, the images/s of one Ray Train worker is
->= 0.95x the same training step in a plain loop, with the actor sampler on".
+Target: at the benchmark config, one Ray Train worker reaches >= 0.95x the images/s of the same
+training step in a plain loop, with the actor sampler on.
 
 Benchmark config (as bench/core_step.py): batch 16 of 32x32x3, num_channels 64, 2 res blocks,
 channel_mult 1,2,2,2, attention at 16 and 8, 4 heads, scale-shift norm, dropout 0.1,
@@ -9,8 +9,8 @@ learn_sigma, cosine schedule, T = 1000, schedule_sampler loss-second-moment, fp3
 ``--precision bf16``). Data: a synthetic dataset of 2048 random uint8 32x32x3 images prepared
 with ``raydiff.data.prepare_dataset`` into a temporary folder.
 
-* plain: ``raydiff.train.Trainer`` in this process with a local ``LossSecondMomentResampler``,
-  fed in-memory batches (the same prepared pixels, ``infinite_batches``); ``--warmup`` untimed
+* plain: the trainer ``raydiff.train.build.build_trainer`` makes on the single-process runtime
+  (a local ``LossSecondMomentResampler``, in-memory batches of the same prepared pixels); ``--warmup`` untimed
   steps, then ``--steps`` timed steps (batch fetch + ``train_step``).
 * ray: ``raydiff.orchestrate.run_training_job`` with one worker (``TorchTrainer``, Ray Data
   shard, the loss-history sampler actor, TensorBoard on rank 0, checkpoint at the end), on a
@@ -178,45 +178,36 @@ def prepare_data(work: Path) -> tuple[Path, Any]:
 def run_plain(
     *, precision: str, warmup: int, steps: int, threads: int, pixels: Any, data_dir: Path
 ) -> PlainRun:
-    """The per-worker step in this process: Trainer + local loss-second-moment sampler."""
+    """The per-worker step in this process: the trainer the training loop builds, on the
+    single-process runtime (local loss-second-moment sampler, in-memory batches)."""
     import torch
 
     from raydiff.config import ExperimentConfig, apply_overrides
-    from raydiff.core import LossSecondMomentResampler, create_gaussian_diffusion, create_model
-    from raydiff.train.loop import seed_everything
-    from raydiff.train.trainer import Trainer, infinite_batches
+    from raydiff.train.build import build_trainer
+    from raydiff.train.local import LocalRuntime
+    from raydiff.train.trainer import DataPosition
 
     torch.set_num_threads(threads)
     config = apply_overrides(
         ExperimentConfig(), [*benchmark_overrides(precision), f"data.data_dir={data_dir}"]
     )
-    seed = config.train.seed
-    seed_everything(seed)  # as the Ray worker of rank 0 does
-    model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
-    diffusion = create_gaussian_diffusion(config.diffusion)
-    sampler = LossSecondMomentResampler(diffusion, seed=seed * 1000)  # worker: seed * 1000 + rank
-    trainer = Trainer(
-        model=model,
-        diffusion=diffusion,
-        sampler=sampler,
-        optim=config.optim,
-        train=config.train,
-        local_batch_size=BATCH,
-        device=torch.device("cpu"),
+    runtime = LocalRuntime(
+        config, output_dir=data_dir / "plain-run", resume=None, images=pixels, labels=None
     )
-    model.train()
-    batches = infinite_batches(pixels, None, batch_size=BATCH, seed=seed)
+    trainer = build_trainer(config, runtime=runtime)
+    trainer.raw_model.train()
+    batches = runtime.train_batches(batch_size=BATCH, position=DataPosition())
     run = PlainRun(threads=torch.get_num_threads(), loadavg_1min=os.getloadavg()[0])
     start = time.perf_counter()
     for _ in range(warmup):
-        _, x, cond = next(batches)
-        trainer.train_step(x, cond)
+        _, batch = next(batches)
+        trainer.train_step(batch["x"])
     run.warmup_s = time.perf_counter() - start
     window_start = time.time()
     for i in range(steps):
         t0 = time.perf_counter()
-        _, x, cond = next(batches)
-        trainer.train_step(x, cond)
+        _, batch = next(batches)
+        trainer.train_step(batch["x"])
         run.step_times_s.append(time.perf_counter() - t0)
         print(f"  plain step {i + 1}/{steps}: {run.step_times_s[-1]:.3f}s", flush=True)
     run.window = (window_start, time.time())
@@ -310,7 +301,7 @@ def run_ray(
     out: Path,
 ) -> RayRun:
     """One Ray Train run of warmup + steps steps; the window comes from TensorBoard."""
-    from raydiff.config import ExperimentConfig, apply_overrides, to_dict
+    from raydiff.config import ExperimentConfig, apply_overrides
     from raydiff.orchestrate.trainer import run_training_job
 
     max_steps = warmup + steps
@@ -337,7 +328,7 @@ def run_ray(
     run = RayRun(loadavg_1min=os.getloadavg()[0])
     start = time.perf_counter()
     try:
-        metrics = run_training_job(to_dict(config), output_dir=str(out))
+        metrics = run_training_job(config, output_dir=out)
     except Exception as exc:  # report it and go on with the other repeats
         run.error = f"{type(exc).__name__}: {exc}"[:500]
         return run

@@ -8,6 +8,9 @@ one test id ``kind:name`` and every failure names the output that differs, with 
 Tolerances, and why:
 - float64 schedule arrays, respaced betas, timestep maps and timestep sets: bit-exact. The same
   float64 formulas in the same order give the same bits; anything else changes the model's inputs.
+  Except the arrays that go through ``np.log`` (``LIBM_LOG_ARRAYS``): NumPy picks its float64 log
+  kernel by CPU (AVX-512 or not), and the two differ by 1 ulp on a few elements, for the reference
+  itself as much as for raydiff. Those are compared to within 2 ulp.
 - float32 tensors: ``rtol=1e-5, atol=1e-6``. Bit equality is not required because raydiff may
   precompute coefficient products in float64 or fuse elementwise ops, which moves a result by a few
   float32 ulps (ulp = 6e-8 relative); 1e-5 allows ~100 ulps of accumulated difference and nothing
@@ -194,6 +197,10 @@ def check_outputs(
 # ------------------------------------------------------------------------------- case kinds
 
 
+LIBM_LOG_ARRAYS = frozenset({"log_one_minus_alphas_cumprod", "posterior_log_variance_clipped"})
+"""Schedule arrays computed with ``np.log``, whose last bit depends on the CPU (module docstring)."""
+
+
 def run_schedule(case: dict[str, Any]) -> None:
     import hashlib
 
@@ -211,7 +218,10 @@ def run_schedule(case: dict[str, Any]) -> None:
     for attr, key in case["outputs"].items():
         arr = np.asarray(getattr(diff, attr))
         assert arr.dtype == np.float64, f"[{case['name']}] {attr} is {arr.dtype}, reference float64"
-        if key.endswith("@strided"):
+        if attr in LIBM_LOG_ARRAYS:
+            strided = arr[::37] if key.endswith("@strided") else arr
+            np.testing.assert_array_max_ulp(strided, ARRAYS[key], maxulp=2)
+        elif key.endswith("@strided"):
             assert_close(case["name"], attr + "[::37]", arr[::37], ARRAYS[key], EXACT)
             digest = hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
             assert digest == case["sha256"][attr], (
@@ -464,8 +474,17 @@ def run_loss_second_moment(case: dict[str, Any]) -> None:
         ARRAYS[case["losses"]],
         ARRAYS[case["outputs"]["weights"]],
     )
+    # Preconditions: the case must reach the second-moment weights, not only the uniform warm-up
+    # fallback, or it would pass against any sampler that returns ones.
+    per_t = np.bincount(ts.ravel(), minlength=diff.num_timesteps)
+    assert per_t.min() > sampler.history_per_term, f"[{case['name']}] some t never fills its FIFO"
+    assert case["warm"][-1] and not case["warm"][0], f"[{case['name']}] never warms up"
+    final = expected[-1]
+    assert final.max() > 3 * final.min(), f"[{case['name']}] warm weights are nearly uniform"
     for i in range(len(ts)):
+        # The reference's calling convention: Python lists of ints and floats.
         sampler.update_with_all_losses(ts[i].tolist(), losses[i].tolist())
+        assert sampler._warmed_up() == case["warm"][i], f"[{case['name']}] warm after batch {i}"
         assert_close(
             case["name"],
             f"weights after batch {i} (warm={case['warm'][i]})",
