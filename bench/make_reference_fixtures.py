@@ -8,6 +8,11 @@ Usage (from the repository root, with the reference packages checked out under `
 
     python bench/make_reference_fixtures.py --reference-root .reference
 
+To refresh only some case kinds and keep every other case and array of the existing file byte for
+byte, add ``--only KIND ...`` (e.g. ``--only loss_second_moment``). Prefer it over a full
+regeneration on another machine: NumPy's float64 ``log`` is dispatched per CPU (AVX-512 vs AVX2)
+and may differ in the last bit, which would rewrite the bit-exact schedule goldens.
+
 The file holds float arrays plus one JSON document (key ``__meta__``) that lists every *case*:
 what to compute (kind and parameters), which stored arrays are its inputs and which are the
 expected outputs. The test walks that list, so adding a case here needs no change to the test
@@ -169,6 +174,71 @@ class FixtureWriter:
         np.savez_compressed(buf, **payload)
         path.write_bytes(buf.getvalue())
         return path.stat().st_size
+
+
+def case_array_keys(case: dict[str, Any], arrays: dict[str, np.ndarray]) -> set[str]:
+    """Every stored array a case refers to (any string in its fields that names an array)."""
+    found: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str) and value in arrays:
+            found.add(value)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list | tuple):
+            for v in value:
+                walk(v)
+
+    walk(case)
+    return found
+
+
+def merge_into_existing(
+    path: Path, fresh: FixtureWriter, kinds: set[str], meta: dict[str, Any]
+) -> tuple[FixtureWriter, dict[str, Any]]:
+    """The fixture at ``path`` with its cases of ``kinds`` (and their arrays) taken from ``fresh``.
+
+    Every other case, array and meta field stays as it was; the regeneration is recorded under
+    ``meta["partial_regenerations"]``. An array shared with a kept case must come out identical.
+    """
+    fresh_kinds = {c["kind"] for c in fresh.cases}
+    if unknown := kinds - fresh_kinds:
+        raise SystemExit(f"unknown case kind(s) {sorted(unknown)}; known: {sorted(fresh_kinds)}")
+    with np.load(path) as data:
+        old_arrays = {k: data[k] for k in data.files if k != "__meta__"}
+        old_meta = json.loads(bytes(data["__meta__"]).decode())
+    kept = [c for c in old_meta["cases"] if c["kind"] not in kinds]
+    new = [c for c in fresh.cases if c["kind"] in kinds]
+    kept_keys = set().union(*(case_array_keys(c, old_arrays) for c in kept))
+    dropped = set().union(
+        *(case_array_keys(c, old_arrays) for c in old_meta["cases"] if c["kind"] in kinds)
+    )
+    out = FixtureWriter()
+    out.arrays = {k: v for k, v in old_arrays.items() if k not in dropped - kept_keys}
+    for key in set().union(*(case_array_keys(c, fresh.arrays) for c in new)):
+        value = fresh.arrays[key]
+        if key in kept_keys and out.arrays[key].tobytes() != value.tobytes():
+            raise SystemExit(f"array {key} is shared with a kept case but came out different")
+        out.arrays[key] = value
+    # Keep the case order: the new cases of a kind take the place of the first old one.
+    placed: set[str] = set()
+    for c in old_meta["cases"]:
+        if c["kind"] not in kinds:
+            out.cases.append(c)
+        elif c["kind"] not in placed:
+            placed.add(c["kind"])
+            out.cases.extend(n for n in new if n["kind"] == c["kind"])
+    out.cases.extend(n for n in new if n["kind"] not in placed)
+    merged = {k: v for k, v in old_meta.items() if k != "cases"}
+    merged["partial_regenerations"] = [
+        *old_meta.get("partial_regenerations", []),
+        {
+            "kinds": sorted(kinds),
+            **{k: meta[k] for k in ("reference_file_sha256", "torch", "numpy")},
+        },
+    ]
+    return out, merged
 
 
 def import_reference(root: Path) -> tuple[types.SimpleNamespace, types.SimpleNamespace]:
@@ -671,11 +741,16 @@ def fixture_misc(w: FixtureWriter, ref: types.SimpleNamespace) -> None:
             outputs={"emb": w.put(f"emb/dim{dim}", ref.timestep_embedding(ts, dim))},
         )
 
-    diffusion = build_diffusion(ref, dspec(T=20))
+    T, per_t, batch = 20, 16, 8
+    diffusion = build_diffusion(ref, dspec(T=T))
     rng = np.random.default_rng(5)
-    # 13 batches of 8: every t gets >= 10 losses (warm), some get 12+ (FIFO shifting), and
-    # batches contain repeated timesteps.
-    batches = [(rng.integers(0, 20, size=8), rng.random(8) * 3) for _ in range(30)]
+    # Every t appears per_t = 16 times (> history_per_term = 10) in a shuffled stream cut into
+    # 40 batches of 8: the sampler warms up part-way through, then every FIFO shifts out its
+    # oldest losses, and batches repeat timesteps. The losses grow with t (times noise in
+    # [0.5, 1.5)), so the warm weights are far from uniform.
+    ts_stream = rng.permutation(np.repeat(np.arange(T), per_t))
+    loss_stream = (0.2 + 0.15 * ts_stream) * (0.5 + rng.random(ts_stream.size))
+    batches = list(zip(ts_stream.reshape(-1, batch), loss_stream.reshape(-1, batch), strict=True))
     sampler = ref.LossSecondMomentResampler(diffusion)
     ts_all, losses_all, warm_flags, weights = [], [], [], []
     for ts_b, losses_b in batches:
@@ -684,10 +759,13 @@ def fixture_misc(w: FixtureWriter, ref: types.SimpleNamespace) -> None:
         losses_all.append(losses_b)
         warm_flags.append(bool(sampler._warmed_up()))
         weights.append(np.asarray(sampler.weights(), dtype=np.float64))
+    # The case must test the second-moment weights, not the uniform warm-up fallback.
+    assert per_t > sampler.history_per_term and warm_flags[-1] and not warm_flags[0]
+    assert weights[-1].max() > 3 * weights[-1].min(), "warm weights are nearly uniform"
     w.case(
         "loss_second_moment",
-        "T20-30-batches",
-        spec=dspec(T=20),
+        f"T{T}-{len(batches)}-batches-warm",
+        spec=dspec(T=T),
         ts=w.put("lsm/ts", np.stack(ts_all).astype(np.int64)),
         losses=w.put("lsm/losses", np.stack(losses_all)),
         warm=warm_flags,
@@ -835,6 +913,13 @@ def main() -> None:
         default=Path("tests/unit/fixtures/reference_values.npz"),
         help="where to write the fixture file",
     )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="KIND",
+        help="recompute only the cases of these kinds (e.g. loss_second_moment) and keep the rest "
+        "of the existing --out file byte for byte",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # single-threaded reductions: the most reproducible summation order
     ref, guided = import_reference(args.reference_root)
@@ -873,6 +958,8 @@ def main() -> None:
             "UNet weights are not stored: deterministic_weights() regenerates them from (key, shape)",
         ],
     }
+    if args.only:
+        w, meta = merge_into_existing(args.out, w, set(args.only), meta)
     size = w.write(args.out, meta)
     print(f"wrote {args.out}: {len(w.cases)} cases, {len(w.arrays)} arrays, {size / 1024:.0f} KiB")
     if size > 1.5 * 1024 * 1024:

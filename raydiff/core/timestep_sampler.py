@@ -159,11 +159,13 @@ class LossSecondMomentResampler(LossAwareSampler):
         return bool((self._loss_counts == self.history_per_term).all())
 
     def update_with_all_losses(self, ts: torch.Tensor, losses: torch.Tensor) -> None:
+        # Also accepts Python lists (the reference's ``ts.tolist(), losses.tolist()``): a list of
+        # floats must become float64 directly, not via torch's default float32.
         self._loss_history, self._loss_counts = append_loss_history(
             self._loss_history,
             self._loss_counts,
             ts=torch.as_tensor(ts).detach().cpu(),
-            losses=torch.as_tensor(losses).detach().cpu(),
+            losses=torch.as_tensor(losses, dtype=torch.float64).detach().cpu(),
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -211,8 +213,8 @@ def append_loss_history(
     entries. ``history`` is [T, H] float64, ``counts`` [T] int64 (entries filled per row).
     """
     num_timesteps, hist_len = history.shape
-    ts = ts.reshape(-1).long()
-    losses = losses.reshape(-1).to(torch.float64)
+    ts = torch.as_tensor(ts).reshape(-1).long()
+    losses = torch.as_tensor(losses, dtype=torch.float64).reshape(-1)  # lists: never via float32
     if ts.numel() != losses.numel():
         raise ValueError(f"got {ts.numel()} timesteps but {losses.numel()} losses")
     if ts.numel() == 0:

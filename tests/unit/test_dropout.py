@@ -61,7 +61,7 @@ def test_half_precision_keeps_dtype(dtype: torch.dtype) -> None:
     x = torch.ones(64, 64, dtype=dtype)
     out = FastDropout(0.5).train()(x)
     assert out.dtype == dtype
-    assert set(out.unique().tolist()) <= {0.0, 2.0}
+    assert set(out.unique().tolist()) == {0.0, 2.0}  # some dropped, the rest scaled by 1/(1-p)
 
 
 def test_identity_in_eval_mode_and_for_zero_p() -> None:
@@ -85,4 +85,4 @@ def test_traces_without_graph_breaks_under_torch_compile() -> None:
     # The NumPy mask would break the graph; under compilation the layer is plain nn.Dropout.
     layer = torch.compile(FastDropout(0.5).train(), fullgraph=True, backend="eager")
     out = layer(torch.ones(64, 64))
-    assert set(out.unique().tolist()) <= {0.0, 2.0}
+    assert set(out.unique().tolist()) == {0.0, 2.0}

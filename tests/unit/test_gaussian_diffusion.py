@@ -203,7 +203,7 @@ def test_training_losses_terms_and_shapes(mean_type, var_type, loss_type):
         else:
             torch.testing.assert_close(terms["loss"], terms["mse"])
     terms["loss"].mean().backward()
-    assert model.scale.grad is not None
+    assert model.scale.grad.abs().item() > 0  # the loss reaches the model's parameters
 
 
 def test_hybrid_vb_does_not_train_the_mean_and_is_rescaled():
@@ -265,6 +265,9 @@ def test_sampling_loops_are_deterministic_under_a_seed(loop):
         g = torch.Generator().manual_seed(7)
         gen_results.append(getattr(d, loop)(model, (2, 3, 4, 4), generator=g))
     torch.testing.assert_close(gen_results[0], gen_results[1], rtol=0, atol=0)
+    # ... and the seed matters: another generator seed gives other samples.
+    other = getattr(d, loop)(model, (2, 3, 4, 4), generator=torch.Generator().manual_seed(8))
+    assert not torch.allclose(other, gen_results[0])
     assert results[0].abs().max() <= 1.5  # clipped x0 predictions keep samples in range
 
 
@@ -275,11 +278,16 @@ def test_p_sample_adds_no_noise_at_t0():
     a = d.p_sample(ToyModel(), x, t)["sample"]
     b = d.p_sample(ToyModel(), x, t)["sample"]
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(a, d.p_mean_variance(ToyModel(), x, t)["mean"], rtol=0, atol=0)
+    # at t > 0 the same call does add noise
+    t1 = torch.tensor([1, 1])
+    assert not torch.equal(
+        d.p_sample(ToyModel(), x, t1)["sample"], d.p_sample(ToyModel(), x, t1)["sample"]
+    )
 
 
 def test_ddim_eta0_reverse_then_forward_recovers_the_input():
     """The deterministic DDIM ODE is invertible for an eps model (up to discretisation)."""
-    d = make(steps=1000, schedule="linear")
     from raydiff.core import SpacedDiffusion, space_timesteps
 
     sd = SpacedDiffusion(
@@ -289,7 +297,6 @@ def test_ddim_eta0_reverse_then_forward_recovers_the_input():
         model_var_type=ModelVarType.FIXED_LARGE,
         loss_type=LossType.MSE,
     )
-    assert d.num_timesteps == 1000
 
     def model(x, t):
         return 0.2 * x  # a smooth eps model
@@ -332,9 +339,16 @@ def test_condition_mean_and_score_shift_towards_the_gradient():
     torch.testing.assert_close(mean, out["mean"] + out["variance"])
     scored = d.condition_score(cond_fn, out, x, t)
     assert (scored["mean"] > out["mean"]).all()
-    g = torch.Generator().manual_seed(0)
-    s = d.p_sample(lambda x, t: torch.zeros_like(x), x, t, cond_fn=cond_fn, generator=g)
-    assert s["sample"].shape == x.shape
+
+    # p_sample with cond_fn: the same noise around the shifted mean.
+    def zero_model(x, t):
+        return torch.zeros_like(x)
+
+    plain = d.p_sample(zero_model, x, t, generator=torch.Generator().manual_seed(0))
+    guided = d.p_sample(
+        zero_model, x, t, cond_fn=cond_fn, generator=torch.Generator().manual_seed(0)
+    )
+    torch.testing.assert_close(guided["sample"], plain["sample"] + out["variance"])
 
 
 def test_bad_betas_are_refused():

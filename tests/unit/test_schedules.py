@@ -40,7 +40,8 @@ def test_cosine_matches_eq17_and_is_monotone(steps):
 
 def test_betas_for_alpha_bar_clip():
     betas = betas_for_alpha_bar(5, lambda t: 1 - t, max_beta=0.5)
-    assert betas.max() == 0.5
+    # beta_i = 1 - abar((i+1)/5) / abar(i/5): 0.2, 0.25, 1/3, 0.5, then 1.0 clipped to 0.5
+    np.testing.assert_allclose(betas, [0.2, 0.25, 1 / 3, 0.5, 0.5], rtol=1e-12)
 
 
 def test_unknown_schedule_names_valid_ones():

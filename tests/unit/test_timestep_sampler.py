@@ -67,6 +67,26 @@ def test_update_is_pure():
     assert h.abs().sum() == 0 and c.sum() == 0
 
 
+def test_python_float_lists_stay_float64():
+    """improved-diffusion calls ``update_with_all_losses(ts.tolist(), losses.tolist())``: the floats
+    must reach the float64 history unrounded (a float list becomes float32 by default)."""
+    losses = [1.0 + 1e-9, 0.1, 2.0 / 3.0, 3.0e-7]
+    s = LossSecondMomentResampler(diffusion(steps=4), history_per_term=1, uniform_prob=0.0)
+    s.update_with_all_losses([0, 1, 2, 3], losses)
+    history = s.state_dict()["loss_history"]
+    assert history.dtype == torch.float64
+    assert history[:, 0].tolist() == losses
+    np.testing.assert_allclose(s.weights(), np.array(losses) / sum(losses), rtol=1e-15)
+    # the pure update accepts the same lists
+    h, c = append_loss_history(
+        torch.zeros(4, 1, dtype=torch.float64),
+        torch.zeros(4, dtype=torch.int64),
+        ts=[0, 1, 2, 3],
+        losses=losses,
+    )
+    assert h[:, 0].tolist() == losses and c.tolist() == [1, 1, 1, 1]
+
+
 def test_uniform_before_warmup_then_second_moment():
     d = diffusion(steps=5)
     s = LossSecondMomentResampler(d, history_per_term=3)
@@ -100,8 +120,10 @@ def test_importance_weights_make_the_objective_unbiased():
 
 def test_uniform_sampler_weights_are_one():
     s = UniformSampler(diffusion(), seed=0)
-    ts, w = s.sample(64, "cpu")
+    ts, w = s.sample(2000, "cpu")
     assert torch.all(w == 1) and ts.min() >= 0 and ts.max() < 20
+    counts = torch.bincount(ts, minlength=20)  # 100 expected per t, binomial sd ~10
+    assert counts.min() > 50 and counts.max() < 150
 
 
 def test_seeded_generator_and_state_round_trip():

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from raydiff.config import DiffusionConfig, OptimConfig, TrainConfig
-from raydiff.core import LossSecondMomentResampler, UniformSampler, create_gaussian_diffusion
+from raydiff.core import LossSecondMomentResampler, UniformSampler
+from raydiff.factory import create_gaussian_diffusion
 from raydiff.train.checkpoint import (
     incomplete_reason,
     latest_checkpoint,
@@ -293,7 +294,7 @@ def test_wrong_batch_size_is_reported():
 
 def test_init_from_published_style_weights(tmp_path):
     from raydiff.config import ModelConfig
-    from raydiff.core import create_model
+    from raydiff.factory import create_model
     from raydiff.train.checkpoint import load_model_weights
 
     config = ModelConfig(
