@@ -370,11 +370,35 @@ def test_logged_terms_are_importance_weighted_as_in_improved_diffusion():
     assert out["mse"] == pytest.approx(3.6 / 4)
 
 
-def test_train_step_returns_the_sampler_weights():
-    trainer = make_trainer()
+def test_train_step_weights_each_sample_by_its_importance():
+    """With a warm loss-aware sampler, each sample's weight is 1 / (T p_t) of its own t."""
+    trainer = make_trainer(sampler="loss-second-moment")
+    sampler = trainer.sampler
+    t = torch.arange(sampler.num_timesteps).repeat(2)
+    sampler.update_with_all_losses(t, 0.1 + t.double())  # loss grows with t: p_t too
+    p = torch.from_numpy(sampler.weights())
+    p = p / p.sum()
+    assert p.max() > 10 * p.min()
     result = trainer.train_step(batch())
-    assert result.weights.shape == result.timesteps.shape
-    assert torch.all(result.weights == 1.0)  # the uniform sampler
+    expected = 1.0 / (sampler.num_timesteps * p[result.timesteps])
+    torch.testing.assert_close(result.weights, expected.float())
+
+
+def test_a_step_draws_from_streams_keyed_by_seed_rank_and_step():
+    """The same step of the same rank draws the same timesteps and noise, whatever ran before
+    (that is what makes a resumed run continue exactly); another rank or step draws others."""
+    first = make_trainer(batch=16)
+    other = make_trainer(batch=16)
+    other.train_step(batch(16))  # one step ahead, then back to step 0's weights and counter
+    other.raw_model.load_state_dict(first.raw_model.state_dict())
+    other.step = 0
+    a, b = first.train_step(batch(16)), other.train_step(batch(16))
+    assert torch.equal(a.timesteps, b.timesteps) and torch.equal(a.losses["loss"], b.losses["loss"])
+    c = first.train_step(batch(16))  # step 1
+    assert not torch.equal(a.timesteps, c.timesteps)
+    ranked = make_trainer(batch=16)
+    ranked.rank = 1
+    assert not torch.equal(a.timesteps, ranked.train_step(batch(16)).timesteps)
 
 
 def test_data_position_counts_batches_per_epoch_and_round_trips():
