@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from raydiff.config import ExperimentConfig, from_dict  # noqa: E402
-from raydiff.factory import create_gaussian_diffusion, create_model  # noqa: E402
 from raydiff.data.in_memory import load_split_tensors  # noqa: E402
+from raydiff.factory import create_gaussian_diffusion, create_model  # noqa: E402
 from raydiff.train.checkpoint import load_checkpoint  # noqa: E402
 from raydiff.train.validation import bound_terms, stratified_timesteps  # noqa: E402
 

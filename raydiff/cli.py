@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from raydiff.errors import ConfigError, UserInputError
 
 if TYPE_CHECKING:
     from raydiff.data.prepare import PrepareOptions
@@ -134,13 +135,8 @@ def run_prepare(args: argparse.Namespace) -> int:
     """Build ``PrepareOptions`` from the arguments and run prepare."""
     from raydiff.data.prepare import prepare_dataset
 
-    try:
-        options = _prepare_options(args)
-    except ValueError as error:  # name the flag the user typed, not the options field
-        message = str(error)
-        for field_name, flag in PREPARE_FLAGS.items():
-            message = re.sub(rf"\b{field_name}=", f"{flag} ", message)
-        raise ValueError(message) from None
+    # An invalid option raises ConfigError(section="prepare"); main() names its flag.
+    options = _prepare_options(args)
     with _terminate_as_exit():
         summary = prepare_dataset(options)
     if not args.quiet:
@@ -148,16 +144,23 @@ def run_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-# PrepareOptions fields whose command-line flag has another name.
+# The command-line flag of each PrepareOptions field that has one.
 PREPARE_FLAGS = {
+    "source": "SOURCE",
+    "out": "--out",
+    "image_size": "--image-size",
+    "channels": "--channels",
+    "fit": "--fit",
+    "labels": "--labels",
+    "val_count": "--val-count",
+    "val_fraction": "--val-fraction",
+    "seed": "--seed",
+    "max_bad_fraction": "--max-bad-fraction",
     "num_workers": "--workers",
     "shard_max_rows": "--shard-rows",
     "shard_max_bytes": "--shard-mb (in bytes)",
-    "max_bad_fraction": "--max-bad-fraction",
-    "val_fraction": "--val-fraction",
-    "val_count": "--val-count",
-    "image_size": "--image-size",
     "compress_level": "--compress-level",
+    "limit": "--limit",
 }
 
 
@@ -232,13 +235,21 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="checkpoint folder to continue from (default: the newest under --output)",
     )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster to run on: 'auto' (the one `ray start` runs on this machine), "
+        "HOST:PORT or ray://HOST:PORT (default: $RAY_ADDRESS, else a new local instance)",
+    )
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """Build the config, prepare the embedded dataset if needed, and train (Ray Train by default)."""
+    """Build the config, check it, prepare the embedded dataset if needed, and train."""
     from pathlib import Path
 
-    from raydiff.config import load_config, to_dict
+    from raydiff.config import load_config
+    from raydiff.data.manifest import load_manifest
+    from raydiff.train.preflight import fit_to_data
 
     overrides = list(args.overrides)
     if args.max_steps is not None:
@@ -248,6 +259,9 @@ def run_train(args: argparse.Namespace) -> int:
     if args.data is not None:
         overrides.append(f"data.data_dir={args.data}")
     config = load_config(args.config or DEFAULT_CONFIG, overrides)
+    # Everything the config alone decides is checked before any side effect (preparing data).
+    # One process trains the whole batch: scaling.num_workers does not apply to it.
+    config.train.per_worker_batch(1 if args.single_process else config.scaling.num_workers)
     data_dir = config.data.data_dir
     embedded = "://" not in data_dir and Path(data_dir).resolve() == Path(DEFAULT_DATA).resolve()
     if embedded and not (Path(data_dir) / "manifest.json").is_file():
@@ -256,63 +270,37 @@ def run_train(args: argparse.Namespace) -> int:
         logger.info("preparing the embedded Fashion-MNIST dataset into %s (once)", data_dir)
         with _terminate_as_exit():
             print(prepare_dataset(PrepareOptions(source="fashion-mnist", out=data_dir)).format())
+    manifest = load_manifest(data_dir)  # read once for the whole run
+    config = fit_to_data(config, manifest, keep_channels=_sets_field(overrides, "in_channels"))
     output = Path(args.output)
     if args.single_process:
-        result = _train_single_process(config, output=output, resume=args.resume)
+        from raydiff.train.local import run_single_process
+
+        result = run_single_process(
+            config,
+            output_dir=output,
+            resume=Path(args.resume) if args.resume else None,
+            manifest=manifest,
+        )
     else:
         from raydiff.orchestrate.trainer import run_training_job
 
-        result = run_training_job(to_dict(config), output_dir=str(output), resume=args.resume)
+        result = run_training_job(
+            config,
+            output_dir=output,
+            resume=args.resume,
+            manifest=manifest,
+            address=args.address,
+        )
     print(f"final metrics: {_format_metrics(result)}")
     print(f"run folder:    {output.resolve()}")
     print(f"tensorboard:   tensorboard --logdir {output.resolve() / 'tensorboard'}")
     return 0
 
 
-def _train_single_process(config: Any, *, output: Any, resume: str | None) -> dict[str, Any]:
-    from pathlib import Path
-
-    from raydiff.data.in_memory import load_split_tensors
-    from raydiff.data.manifest import load_manifest
-    from raydiff.train.loop import run_training
-    from raydiff.train.preflight import plan_start
-    from raydiff.train.trainer import DataPosition, infinite_batches
-
-    # One process trains the whole batch: scaling.num_workers does not apply.
-    start = plan_start(
-        config,
-        output_dir=Path(output).resolve(),
-        resume=Path(resume) if resume else None,
-        num_workers=1,
-    )
-    if start.finished is not None:
-        return start.finished
-    manifest = load_manifest(config.data.data_dir)
-    images, labels, _ = load_split_tensors(config.data.data_dir, config.data.train_split)
-    # Continue the data position of the checkpoint run_training resumes from.
-    position = DataPosition.from_state(start.progress, global_batch=config.train.batch_size)
-    batches = infinite_batches(
-        images,
-        labels if config.model.class_cond else None,
-        batch_size=config.train.batch_size,
-        seed=config.train.seed,
-        start_epoch=position.epoch,
-        skip_batches=position.batches,
-        random_flip=config.data.random_flip,
-    )
-    val_data = None
-    if config.data.val_split and config.data.val_split in manifest.splits:
-        val_images, val_labels, _ = load_split_tensors(
-            config.data.data_dir, config.data.val_split, limit=config.train.eval_num_images
-        )
-        val_data = (val_images, val_labels if config.model.class_cond else None)
-    return run_training(
-        config,
-        batches=batches,
-        output_dir=output,
-        resume=start.checkpoint,
-        val_data=val_data,
-    )
+def _sets_field(overrides: list[str], name: str) -> bool:
+    """Whether a ``--set`` override names field ``name`` (bare or as section.field)."""
+    return any(item.partition("=")[0].strip().rpartition(".")[2] == name for item in overrides)
 
 
 def _format_metrics(metrics: dict[str, Any]) -> str:
@@ -368,11 +356,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return SUBCOMMANDS[args.command].run(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as error:
-        # User mistakes get one clear line, not a traceback (use -v for the traceback).
+    except (UserInputError, FileNotFoundError, FileExistsError) as error:
+        # User mistakes get one clear line, not a traceback (use -v for the traceback). Anything
+        # else (a plain ValueError from torch included) is a bug and keeps its traceback.
         logger.debug("details", exc_info=True)
-        print(f"raydiff {args.command}: error: {error}", file=sys.stderr)
+        message = render_error(error, args)
+        print(f"raydiff {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USER_ERROR
+
+
+# Flags of `raydiff train` that set a config field: (section, field) -> (flag, argparse dest).
+TRAIN_FLAGS = {
+    ("train", "max_steps"): ("--max-steps", "max_steps"),
+    ("scaling", "num_workers"): ("--num-workers", "num_workers"),
+    ("data", "data_dir"): ("--data", "data"),
+}
+
+
+def render_error(error: Exception, args: argparse.Namespace) -> str:
+    """The message of a user's mistake; a ``ConfigError`` names the flag that set the field."""
+    if not isinstance(error, ConfigError):
+        return str(error)
+    flag = None
+    if args.command == "prepare" and error.section == "prepare":
+        flag = PREPARE_FLAGS.get(error.field)
+    elif args.command == "train" and (error.section, error.field) in TRAIN_FLAGS:
+        flag, dest = TRAIN_FLAGS[error.section, error.field]
+        if getattr(args, dest, None) is None:  # set by --config or --set: name the field
+            flag = None
+    return error.render(flag)
 
 
 class _terminate_as_exit:

@@ -1,7 +1,8 @@
 """Typed, validated configuration with improved-diffusion's flag names and defaults.
 
 Each section is a ``@dataclass(kw_only=True)`` that validates itself on construction and raises a
-``ValueError`` naming the field, the bad value and what would be valid. Sections nest into one
+:class:`~raydiff.errors.ConfigError` naming the field, the bad value and what would be valid
+(unknown fields and malformed overrides raise :class:`~raydiff.errors.UserInputError`). Sections nest into one
 experiment config, which round-trips through plain dicts (YAML / checkpoints) and accepts
 ``section.field=value`` overrides, or the bare improved-diffusion flag name where it is unique.
 """
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
-from raydiff.data.config import DataConfig
+from raydiff.data.config import DataConfig, check_data_field
+from raydiff.errors import ConfigError, UserInputError
 
 NoiseSchedule = Literal["linear", "cosine"]
 
@@ -30,11 +32,9 @@ CHANNEL_MULT_BY_IMAGE_SIZE: dict[int, tuple[float, ...]] = {
     512: (0.5, 1, 1, 2, 2, 4, 4),
 }
 
-GROUPNORM_GROUPS = 32
 
-
-def _fail(section: str, name: str, value: Any, valid: str) -> ValueError:
-    return ValueError(f"{section}.{name}={value!r} is invalid: {valid}")
+def _fail(section: str, name: str, value: Any, valid: str) -> ConfigError:
+    return ConfigError(section=section, field=name, value=value, reason=valid)
 
 
 def parse_int_list(text: str, *, section: str, name: str) -> tuple[int, ...]:
@@ -102,42 +102,38 @@ class ModelConfig:
             raise _fail(s, "dropout", self.dropout, "must lie in [0, 1)")
         if self.class_cond and self.num_classes < 1:
             raise _fail(s, "num_classes", self.num_classes, "must be >= 1 with class_cond")
-        if self.num_heads < 1 and self.num_head_channels == -1:
-            raise _fail(s, "num_heads", self.num_heads, "must be >= 1 (or set num_head_channels)")
+        self._check_architecture()
+
+    def _check_architecture(self) -> None:
+        """The UNet's own architecture checks (GroupNorm, image_size, attention, heads), with
+        errors naming this config's fields."""
+        from raydiff.core.unet import UNetArgumentError, check_unet_architecture
+
         mult = self.channel_mult_tuple()
-        for m in mult:
-            channels = int(self.num_channels * m)
-            if channels < 1 or channels % GROUPNORM_GROUPS:
-                raise _fail(
-                    s,
-                    "num_channels",
-                    self.num_channels,
-                    f"num_channels x channel_mult gives {channels} channels at one level, but "
-                    f"GroupNorm needs every level's channels divisible by {GROUPNORM_GROUPS}",
-                )
-            if self.num_head_channels != -1 and channels % self.num_head_channels:
-                raise _fail(
-                    s,
-                    "num_head_channels",
-                    self.num_head_channels,
-                    f"must divide every level's channel count ({channels} here)",
-                )
-        resolutions = [self.image_size // 2**level for level in range(len(mult))]
-        for res in self.attention_resolution_tuple():
-            if res not in resolutions:
-                raise _fail(
-                    s,
-                    "attention_resolutions",
-                    self.attention_resolutions,
-                    f"{res} is not a resolution of this UNet; valid: {resolutions}",
-                )
-        if self.image_size % 2 ** (len(mult) - 1):
-            raise _fail(
-                s,
-                "image_size",
-                self.image_size,
-                f"must be divisible by 2^{len(mult) - 1} to downsample {len(mult) - 1} times",
+        pixels = self.attention_resolution_tuple()
+        rates = self._attention_rates(pixels)
+        try:
+            check_unet_architecture(
+                image_size=self.image_size,
+                in_channels=self.in_channels,
+                model_channels=self.num_channels,
+                out_channels=self.in_channels,  # learn_sigma doubles it, which changes nothing here
+                num_res_blocks=self.num_res_blocks,
+                attention_resolutions=rates,
+                dropout=self.dropout,
+                channel_mult=mult,
+                num_heads=self.num_heads,
+                num_head_channels=self.num_head_channels,
+                num_heads_upsample=self.num_heads_upsample,
             )
+        except UNetArgumentError as err:
+            name = UNET_ARGUMENT_FIELDS[err.argument]
+            reason = err.reason
+            if err.argument == "attention_resolutions":  # the UNet speaks in downsample rates
+                resolutions = [self.image_size // 2**level for level in range(len(mult))]
+                bad = pixels[rates.index(err.item)]
+                reason = f"{bad} is not a resolution of this UNet; valid: {resolutions}"
+            raise _fail("model", name, getattr(self, name), reason) from None
 
     def channel_mult_tuple(self) -> tuple[float, ...]:
         """The explicit channel_mult, or the image_size table's entry."""
@@ -170,7 +166,30 @@ class ModelConfig:
 
     def attention_downsample_rates(self) -> tuple[int, ...]:
         """Attention resolutions as the UNet's downsample rates (image_size // resolution)."""
-        return tuple(self.image_size // res for res in self.attention_resolution_tuple())
+        return self._attention_rates(self.attention_resolution_tuple())
+
+    def _attention_rates(self, resolutions: tuple[int, ...]) -> tuple[int, ...]:
+        # A resolution that does not divide image_size has no rate: 0, which no UNet accepts.
+        return tuple(
+            self.image_size // res if res > 0 and self.image_size % res == 0 else 0
+            for res in resolutions
+        )
+
+
+UNET_ARGUMENT_FIELDS = {
+    "image_size": "image_size",
+    "in_channels": "in_channels",
+    "model_channels": "num_channels",
+    "out_channels": "in_channels",
+    "num_res_blocks": "num_res_blocks",
+    "attention_resolutions": "attention_resolutions",
+    "dropout": "dropout",
+    "channel_mult": "channel_mult",
+    "num_heads": "num_heads",
+    "num_head_channels": "num_head_channels",
+    "num_heads_upsample": "num_heads_upsample",
+}
+"""The ModelConfig field behind each UNetModel argument that ``check_unet_architecture`` checks."""
 
 
 @dataclass(kw_only=True)
@@ -433,25 +452,26 @@ class ExperimentConfig:
             value = getattr(getattr(self, section), name)
             given = getattr(self.data, data_field)
             if given != getattr(defaults, data_field) and given != value:
-                raise ValueError(
-                    f"data.{data_field}={given!r} contradicts {source}={value!r}: data.{data_field} "
-                    f"follows {source}; set {source} (or leave data.{data_field} out)"
+                raise _fail(
+                    "data",
+                    data_field,
+                    given,
+                    f"it contradicts {source}={value!r}: data.{data_field} follows {source}; set "
+                    f"{source} (or leave data.{data_field} out)",
                 )
+            # The data section's rule for the value, reported against the field it came from.
+            check_data_field(data_field, value, section=section, field=name)
             setattr(self.data, data_field, value)
-        try:  # re-check the data section with the derived values, naming their source fields
-            self.data.__post_init__()
-        except ValueError as err:
-            message = str(err)
-            for data_field, source in DATA_FIELDS_DERIVED.items():
-                message = message.replace(f"data.{data_field}=", f"{source}=")
-            raise ValueError(message) from None
         if self.model.use_fp16:
             if self.train.precision == "fp32":
                 self.train.precision = "fp16"
             elif self.train.precision != "fp16":
-                raise ValueError(
-                    f"model.use_fp16=True (improved-diffusion's --use_fp16) asks for fp16 "
-                    f"training but train.precision={self.train.precision!r}: set one of them"
+                raise _fail(
+                    "model",
+                    "use_fp16",
+                    True,
+                    f"improved-diffusion's --use_fp16 asks for fp16 training but "
+                    f"train.precision={self.train.precision!r}: set one of them",
                 )
         if self.train.eval_timesteps > self.diffusion.diffusion_steps:
             raise _fail(
@@ -498,37 +518,39 @@ def from_dict(cls: type[ConfigT], data: Mapping[str, Any], *, path: str = "") ->
     ``path`` is the section name used in error messages (``model``, ``train``, ...).
     """
     if not isinstance(data, Mapping):
-        raise ValueError(f"{cls.__name__} expects a mapping, got {type(data).__name__}")
+        raise UserInputError(
+            f"{path or cls.__name__} expects a mapping of fields, got {type(data).__name__}"
+        )
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         section = path or cls.__name__
-        raise ValueError(f"unknown {section} field(s) {unknown}; valid fields: {', '.join(fields)}")
+        raise UserInputError(
+            f"unknown {section} field(s) {unknown}; valid fields: {', '.join(fields)}"
+        )
     kwargs = {}
     for name, value in data.items():
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
             kwargs[name] = from_dict(hint, value, path=name)
         else:
-            kwargs[name] = _coerce(value, hint, where=f"{path}.{name}" if path else name)
+            kwargs[name] = _coerce(value, hint, section=path or cls.__name__, name=name)
     return cls(**kwargs)
 
 
-def _coerce(value: Any, hint: Any, *, where: str) -> Any:
+def _coerce(value: Any, hint: Any, *, section: str, name: str) -> Any:
     """Convert strings from the command line (and ints for floats) to the field's type."""
     origin = get_origin(hint)
     if origin is Literal:
         if value not in get_args(hint):
-            raise ValueError(
-                f"{where}={value!r} is invalid; valid: {', '.join(map(str, get_args(hint)))}"
-            )
+            raise _fail(section, name, value, f"valid: {', '.join(map(str, get_args(hint)))}")
         return value
     if origin in (typing.Union, types.UnionType):
         args = [a for a in get_args(hint) if a is not type(None)]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             return None
-        return _coerce(value, args[0], where=where)
+        return _coerce(value, args[0], section=section, name=name)
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -536,19 +558,19 @@ def _coerce(value: Any, hint: Any, *, where: str) -> Any:
             return True
         if isinstance(value, str) and value.lower() in ("false", "0", "no"):
             return False
-        raise ValueError(f"{where}={value!r} is invalid; expected True or False")
+        raise _fail(section, name, value, "expected True or False")
     if hint is int:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise ValueError(f"{where}={value!r} is invalid; expected an integer")
+            raise _fail(section, name, value, "expected an integer")
         try:
             return int(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{where}={value!r} is invalid; expected an integer") from None
+            raise _fail(section, name, value, "expected an integer") from None
     if hint is float:
         try:
             return float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{where}={value!r} is invalid; expected a number") from None
+            raise _fail(section, name, value, "expected a number") from None
     if hint is str:
         return str(value)
     return value
@@ -566,7 +588,7 @@ def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"override {item!r} must look like section.field=value")
+            raise UserInputError(f"override {item!r} must look like section.field=value")
         path = _resolve_key(type(config), key.strip())
         target = data
         for part in path[:-1]:
@@ -582,12 +604,16 @@ def _resolve_key(cls: type, key: str) -> list[str]:
     if "." in key:
         section, _, name = key.partition(".")
         if section not in sections:
-            raise ValueError(f"unknown config section {section!r}; valid: {', '.join(sections)}")
+            raise UserInputError(
+                f"unknown config section {section!r}; valid: {', '.join(sections)}"
+            )
         names = [f.name for f in dataclasses.fields(sections[section])]
         if name not in names:
-            raise ValueError(f"unknown field {key!r}; valid {section} fields: {', '.join(names)}")
+            raise UserInputError(
+                f"unknown field {key!r}; valid {section} fields: {', '.join(names)}"
+            )
         if section == "data" and name in derived:
-            raise ValueError(f"{key} follows {derived[name]}; set {derived[name]} instead")
+            raise UserInputError(f"{key} follows {derived[name]}; set {derived[name]} instead")
         return [section, name]
     owners = [
         s
@@ -598,7 +624,7 @@ def _resolve_key(cls: type, key: str) -> list[str]:
         return [owners[0], key]
     if not owners:
         if key in FLAGS_ELSEWHERE:
-            raise ValueError(f"{key!r} is not a config field here: {FLAGS_ELSEWHERE[key]}")
+            raise UserInputError(f"{key!r} is not a config field here: {FLAGS_ELSEWHERE[key]}")
         known = sorted(
             f.name
             for h in sections.values()
@@ -607,11 +633,11 @@ def _resolve_key(cls: type, key: str) -> list[str]:
         )
         close = difflib.get_close_matches(key, known, n=3)
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
-        raise ValueError(
+        raise UserInputError(
             f"unknown config field {key!r}{hint} (use section.field; sections: "
             f"{', '.join(sections)}; `raydiff train --help` and docs/training.md list the fields)"
         )
-    raise ValueError(f"field {key!r} exists in {owners}; say which with section.field")
+    raise UserInputError(f"field {key!r} exists in {owners}; say which with section.field")
 
 
 FLAGS_ELSEWHERE = {
@@ -662,6 +688,11 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
 
     data: dict[str, Any] = {}
     if path is not None:
-        data = yaml.safe_load(resolve_config_path(path).read_text()) or {}
+        file = resolve_config_path(path)
+        try:
+            data = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as err:
+            detail = " ".join(str(err).split())  # the parser's report spans several lines
+            raise UserInputError(f"config file {str(file)!r} is not valid YAML: {detail}") from None
     config = from_dict(ExperimentConfig, data)
     return apply_overrides(config, overrides or [])

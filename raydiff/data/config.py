@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raydiff.errors import ConfigError
+
 VALID_CHANNELS = (1, 3)
 
 
@@ -45,30 +47,44 @@ class DataConfig:
     """Manifest split used for validation metrics ("" for none)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.data_dir, str) or not self.data_dir.strip():
-            raise ValueError(
-                f"data.data_dir={self.data_dir!r} is invalid: give the path or URI of a dataset "
-                "written by `raydiff prepare`"
-            )
-        _check_int("image_size", self.image_size, minimum=1)
-        if self.channels not in VALID_CHANNELS:
-            raise ValueError(
-                f"data.channels={self.channels!r} is invalid; valid values: {VALID_CHANNELS}"
-            )
-        _check_int("shuffle_buffer_size", self.shuffle_buffer_size, minimum=0)
-        _check_int("cache_max_bytes", self.cache_max_bytes, minimum=0)
-        _check_int("prefetch_batches", self.prefetch_batches, minimum=0)
-        _check_int("decode_batch_size", self.decode_batch_size, minimum=1)
-        _check_int("seed", self.seed, minimum=0)
-        if not self.train_split:
-            raise ValueError(f"data.train_split={self.train_split!r} is invalid: name a split")
-        for name in ("class_cond", "random_flip", "shuffle_blocks", "deterministic"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ValueError(f"data.{name}={value!r} is invalid; valid values: True, False")
+        for name in _CHECKED_FIELDS:
+            check_data_field(name, getattr(self, name))
 
 
-def _check_int(name: str, value: object, *, minimum: int) -> None:
-    # bool is an int subclass; reject it so that `--set data.seed=true` is not read as 1.
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"data.{name}={value!r} is invalid; valid values: integers >= {minimum}")
+_MINIMUMS = {
+    "image_size": 1,
+    "shuffle_buffer_size": 0,
+    "cache_max_bytes": 0,
+    "prefetch_batches": 0,
+    "decode_batch_size": 1,
+    "seed": 0,
+}
+_BOOLS = ("class_cond", "random_flip", "shuffle_blocks", "deterministic")
+_CHECKED_FIELDS = ("data_dir", "image_size", "channels", *_MINIMUMS, "train_split", *_BOOLS)
+
+
+def check_data_field(
+    name: str, value: object, *, section: str = "data", field: str | None = None
+) -> None:
+    """Raise ``ConfigError`` if ``value`` is not valid for the ``DataConfig`` field ``name``.
+
+    ``section`` and ``field`` name where the value was set, where that is not ``data.<name>``: an
+    experiment config derives ``data.image_size`` from ``model.image_size`` (and a few others)
+    and reports a bad value there.
+    """
+    if name == "data_dir":
+        valid = isinstance(value, str) and bool(value.strip())
+        reason = "give the path or URI of a dataset written by `raydiff prepare`"
+    elif name == "channels":
+        valid, reason = value in VALID_CHANNELS, f"valid values: {VALID_CHANNELS}"
+    elif name == "train_split":
+        valid, reason = bool(value), "name a split"
+    elif name in _BOOLS:
+        valid, reason = isinstance(value, bool), "valid values: True, False"
+    else:
+        minimum = _MINIMUMS[name]
+        # bool is an int subclass; reject it so that `--set data.seed=true` is not read as 1.
+        valid = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+        reason = f"valid values: integers >= {minimum}"
+    if not valid:
+        raise ConfigError(section=section, field=field or name, value=value, reason=reason)

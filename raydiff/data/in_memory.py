@@ -80,7 +80,7 @@ def infinite_batches(
     """
     n = images.shape[0]
     if n < batch_size:
-        raise ValueError(f"dataset has {n} images, fewer than one batch of {batch_size}")
+        raise UserInputError(f"dataset has {n} images, fewer than one batch of {batch_size}")
     if skip_batches < 0:
         raise ValueError(f"skip_batches={skip_batches} is invalid; valid values: integers >= 0")
     epoch = start_epoch

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from raydiff.data.shards import ShardInfo, file_sha256
+from raydiff.errors import UserInputError
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -57,7 +58,7 @@ class Manifest:
     def shard_uris(self, split: str) -> list[str]:
         """Absolute paths or URIs of the shards of ``split``."""
         if split not in self.splits:
-            raise ValueError(
+            raise UserInputError(
                 f"split {split!r} is not in the dataset at {self.root!r}; "
                 f"valid splits: {', '.join(self.splits)}"
             )
@@ -75,7 +76,7 @@ class Manifest:
         """Parse a stored manifest; refuses format versions this raydiff does not know."""
         version = data.get("format_version")
         if version != FORMAT_VERSION:
-            raise ValueError(
+            raise UserInputError(
                 f"manifest at {root!r} has format_version={version!r}; this raydiff reads "
                 f"version {FORMAT_VERSION}: prepare the dataset again"
             )
@@ -142,15 +143,15 @@ def load_manifest(uri: str) -> Manifest:
         if not isinstance(data, dict):
             raise TypeError(f"expected a JSON object, got {type(data).__name__}")
         return Manifest.from_dict(data, root=root)
+    except UserInputError:  # a format version this raydiff does not read: says so itself
+        raise
     except ValueError as error:
-        if "format_version" in str(error):
-            raise
-        raise ValueError(
+        raise UserInputError(
             f"{MANIFEST_NAME} in {root!r} is not a valid raydiff manifest ({error}); prepare "
             f"the dataset again: `raydiff prepare SOURCE --out {uri} --overwrite`"
         ) from None
     except (KeyError, TypeError, AttributeError) as error:
-        raise ValueError(
+        raise UserInputError(
             f"{MANIFEST_NAME} in {root!r} is not a valid raydiff manifest ({type(error).__name__}: "
             f"{error}); prepare the dataset again: `raydiff prepare SOURCE --out {uri} --overwrite`"
         ) from None
@@ -166,41 +167,42 @@ def check_compatible(
 ) -> None:
     """Refuse a dataset that does not match the model, before any worker starts.
 
-    Raises ValueError naming the mismatched field, both values, and the way out.
+    Raises ``UserInputError`` naming the mismatched field, both values, and the way out.
     """
     where = manifest.root or "the dataset"
     if manifest.image_size != image_size:
-        raise ValueError(
+        raise UserInputError(
             f"image_size mismatch: the model expects {image_size} but {where} holds "
             f"{manifest.image_size}x{manifest.image_size} images; set image_size="
             f"{manifest.image_size} or prepare again with --image-size {image_size}"
         )
     if manifest.channels != channels:
-        raise ValueError(
+        raise UserInputError(
             f"channels mismatch: the model expects {channels} but {where} holds "
             f"{manifest.channels}-channel images; prepare again with --channels {channels}"
         )
     if class_cond:
         if not manifest.classes:
-            raise ValueError(
+            raise UserInputError(
                 f"class_cond=True but {where} has no labels; prepare it with --labels "
                 "prefix|folder (image folders) or use a labelled IDX/.npz source"
             )
         if num_classes is not None and manifest.num_classes > num_classes:
-            raise ValueError(
+            raise UserInputError(
                 f"num_classes mismatch: the model has {num_classes} classes but {where} has "
                 f"{manifest.num_classes}: set num_classes={manifest.num_classes}"
             )
 
 
 def verify_shards(manifest: Manifest) -> None:
-    """Check every local shard's size and SHA-256 against the manifest (raises ValueError)."""
+    """Check every local shard's size and SHA-256 against the manifest (raises
+    ``UserInputError``)."""
     if is_remote(manifest.root):
-        raise ValueError("verify_shards reads local datasets only; download the dataset first")
+        raise UserInputError("verify_shards reads local datasets only; download the dataset first")
     for split, info in manifest.splits.items():
         for shard in info.shards:
             path = Path(manifest.root) / shard.path
             if not path.is_file():
-                raise ValueError(f"shard {shard.path} of split {split!r} is missing")
+                raise UserInputError(f"shard {shard.path} of split {split!r} is missing")
             if path.stat().st_size != shard.num_bytes or file_sha256(path) != shard.sha256:
-                raise ValueError(f"shard {shard.path} of split {split!r} fails its checksum")
+                raise UserInputError(f"shard {shard.path} of split {split!r} fails its checksum")

@@ -44,6 +44,7 @@ from raydiff.data.sources import (
     SplitItems,
     open_source,
 )
+from raydiff.errors import ConfigError, UserInputError
 
 logger = logging.getLogger(__name__)
 
@@ -97,40 +98,42 @@ class PrepareOptions:
     """Show a progress bar (only when stderr is a terminal)."""
 
     def __post_init__(self) -> None:
+        def fail(name: str, reason: str) -> ConfigError:
+            return ConfigError(
+                section="prepare", field=name, value=getattr(self, name), reason=reason
+            )
+
         if not self.source:
-            raise ValueError("source is empty; give an image folder, IDX, .npz or fashion-mnist")
+            raise fail("source", "give an image folder, IDX, .npz or fashion-mnist")
         if not self.out:
-            raise ValueError("out is empty; give the folder to create")
+            raise fail("out", "give the folder to create")
         if is_remote(self.out):
-            raise ValueError(
-                f"out={self.out!r}: prepare writes a local folder (atomically); upload it "
-                "afterwards, e.g. `aws s3 sync OUT s3://bucket/prefix`"
+            raise fail(
+                "out",
+                "prepare writes a local folder (atomically); upload it afterwards, e.g. "
+                "`aws s3 sync OUT s3://bucket/prefix`",
             )
         if self.image_size is not None and self.image_size < 1:
-            raise ValueError(f"image_size={self.image_size} is invalid; valid: integers >= 1")
+            raise fail("image_size", "valid: integers >= 1")
         if self.channels not in (None, 1, 3):
-            raise ValueError(f"channels={self.channels!r} is invalid; valid values: 1, 3")
+            raise fail("channels", "valid values: 1, 3")
         if self.fit not in FITS:
-            raise ValueError(f"fit={self.fit!r} is invalid; valid values: {', '.join(FITS)}")
+            raise fail("fit", f"valid values: {', '.join(FITS)}")
         if self.labels not in LABEL_RULES:
-            raise ValueError(
-                f"labels={self.labels!r} is invalid; valid values: {', '.join(LABEL_RULES)}"
-            )
+            raise fail("labels", f"valid values: {', '.join(LABEL_RULES)}")
         if self.val_count < 0:
-            raise ValueError(f"val_count={self.val_count} is invalid; valid: integers >= 0")
+            raise fail("val_count", "valid: integers >= 0")
         if self.val_fraction is not None and not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction={self.val_fraction} is invalid; valid: 0 <= f < 1")
+            raise fail("val_fraction", "valid: 0 <= f < 1")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
-            raise ValueError(
-                f"max_bad_fraction={self.max_bad_fraction} is invalid; valid: 0 <= f <= 1"
-            )
+            raise fail("max_bad_fraction", "valid: 0 <= f <= 1")
         for name in ("num_workers", "shard_max_rows", "shard_max_bytes", "row_group_rows"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} is invalid; valid: integers >= 1")
+                raise fail(name, "valid: integers >= 1")
         if not 0 <= self.compress_level <= 9:
-            raise ValueError(f"compress_level={self.compress_level} is invalid; valid: 0-9")
+            raise fail("compress_level", "valid: 0-9")
         if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit={self.limit} is invalid; valid: integers >= 1 or None")
+            raise fail("limit", "valid: integers >= 1 or None")
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,7 @@ class PrepareSummary:
         return "\n".join(lines)
 
 
-class BadInputError(ValueError):
+class BadInputError(UserInputError):
     """Too many unreadable images, or none readable at all."""
 
 
@@ -178,7 +181,7 @@ def prepare_dataset(options: PrepareOptions) -> PrepareSummary:
     source = open_source(options.source, labels=options.labels)
     location = str(source.location)
     if "://" not in location and Path(location).resolve().is_relative_to(out):
-        raise ValueError(
+        raise UserInputError(
             f"--out {str(out)!r} contains the source {location!r}: replacing the folder would "
             "delete the images it is made from; choose another --out"
         )
@@ -223,7 +226,7 @@ def _check_destination(out: Path, *, overwrite: bool) -> None:
     if os.path.ismount(out):
         # The dataset is built in a hidden sibling folder and renamed into place; a mount point
         # cannot be renamed (EBUSY), which would only show after all the encoding.
-        raise ValueError(
+        raise UserInputError(
             f"--out {str(out)!r} is a mount point: give a folder inside it, e.g. "
             f"{str(out / 'dataset')!r}"
         )
@@ -267,7 +270,7 @@ def _plan_splits(source: Source, *, options: PrepareOptions) -> dict[str, SplitI
     else:
         num_val = min(options.val_count, len(train) // 10)
     if num_val >= len(train):
-        raise ValueError(
+        raise UserInputError(
             f"holding out {num_val} of the {len(train)} training images as val leaves none to "
             "train on: lower --val-fraction / --val-count"
         )

@@ -17,6 +17,8 @@ from typing import Literal
 
 import numpy as np
 
+from raydiff.errors import UserInputError
+
 logger = logging.getLogger(__name__)
 
 LabelRule = Literal["auto", "prefix", "folder", "none"]
@@ -86,7 +88,9 @@ def open_source(source: str, *, labels: LabelRule = "auto") -> Source:
     the stored labels for IDX/``.npz`` and no labels for image folders.
     """
     if labels not in LABEL_RULES:
-        raise ValueError(f"labels={labels!r} is invalid; valid values: {', '.join(LABEL_RULES)}")
+        raise UserInputError(
+            f"labels={labels!r} is invalid; valid values: {', '.join(LABEL_RULES)}"
+        )
     if source in EMBEDDED_SOURCES:
         directory, class_names = EMBEDDED_SOURCES[source]
         if not os.path.isdir(directory):
@@ -106,7 +110,7 @@ def open_source(source: str, *, labels: LabelRule = "auto") -> Source:
             return _open_npz(path, labels=labels)
         if _is_idx_file(path):
             return _open_idx_files({"train": path}, labels=labels, class_names=None)
-        raise ValueError(
+        raise UserInputError(
             f"source file {source!r} is neither an .npz nor an IDX file; image files are read "
             "from a folder"
         )
@@ -152,7 +156,7 @@ def list_image_files(root: Path) -> list[Path]:
 def _open_folder(root: Path, *, labels: LabelRule) -> Source:
     files = list_image_files(root)
     if not files:
-        raise ValueError(
+        raise UserInputError(
             f"no image files ({', '.join(IMAGE_EXTENSIONS)}) found under {str(root)!r}"
         )
     keys = [f.relative_to(root).as_posix() for f in files]
@@ -167,7 +171,7 @@ def _open_folder(root: Path, *, labels: LabelRule) -> Source:
         else:
             at_root = [k for k in keys if "/" not in k]
             if at_root:
-                raise ValueError(
+                raise UserInputError(
                     f"labels='folder' needs every image in a sub-folder of {str(root)!r}; "
                     f"{len(at_root)} are not, e.g. {at_root[:3]}"
                 )
@@ -176,7 +180,7 @@ def _open_folder(root: Path, *, labels: LabelRule) -> Source:
         index = {name: i for i, name in enumerate(classes)}
         class_ids = np.array([index[n] for n in names], dtype=np.int64)
     elif rule != "none":
-        raise ValueError(
+        raise UserInputError(
             f"labels={labels!r} does not apply to image folders; use prefix|folder|none"
         )
     split = SplitItems(keys=keys, labels=class_ids, paths=[str(f) for f in files])
@@ -195,10 +199,10 @@ def read_idx(path: Path) -> np.ndarray:
     with opener(path, "rb") as f:
         data = f.read()
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
-        raise ValueError(f"{str(path)!r} is not an IDX file (bad magic number)")
+        raise UserInputError(f"{str(path)!r} is not an IDX file (bad magic number)")
     dtype_code, num_dims = data[2], data[3]
     if dtype_code != _IDX_UINT8:
-        raise ValueError(
+        raise UserInputError(
             f"{str(path)!r} holds IDX type 0x{dtype_code:02x}; only unsigned bytes (0x08) are "
             "supported"
         )
@@ -206,7 +210,7 @@ def read_idx(path: Path) -> np.ndarray:
     offset = 4 + 4 * num_dims
     expected = int(np.prod(shape))
     if len(data) - offset != expected:
-        raise ValueError(
+        raise UserInputError(
             f"{str(path)!r} is truncated or padded: header shape {shape} needs {expected} bytes, "
             f"found {len(data) - offset}"
         )
@@ -227,7 +231,7 @@ def _split_name(path: Path, *, only: bool) -> str:
         return "train"
     if name.startswith(("t10k", "test")):
         return "test"
-    raise ValueError(
+    raise UserInputError(
         f"cannot tell the split of IDX file {str(path)!r}: name it train-* or t10k-*/test-*"
     )
 
@@ -235,12 +239,12 @@ def _split_name(path: Path, *, only: bool) -> str:
 def _open_idx_dir(directory: Path, *, labels: LabelRule, class_names: list[str] | None) -> Source:
     files = _idx_image_files(directory)
     if not files:
-        raise ValueError(f"no *-images-idx3-ubyte[.gz] files in {str(directory)!r}")
+        raise UserInputError(f"no *-images-idx3-ubyte[.gz] files in {str(directory)!r}")
     by_split: dict[str, Path] = {}
     for f in files:
         split = _split_name(f, only=len(files) == 1)
         if split in by_split:
-            raise ValueError(f"two IDX image files for split {split!r}: {by_split[split]}, {f}")
+            raise UserInputError(f"two IDX image files for split {split!r}: {by_split[split]}, {f}")
         by_split[split] = f
     return _open_idx_files(by_split, labels=labels, class_names=class_names, location=directory)
 
@@ -253,20 +257,22 @@ def _open_idx_files(
     location: Path | None = None,
 ) -> Source:
     if labels in ("prefix", "folder"):
-        raise ValueError(f"labels={labels!r} does not apply to IDX files; use auto|none")
+        raise UserInputError(f"labels={labels!r} does not apply to IDX files; use auto|none")
     splits: dict[str, SplitItems] = {}
     max_label = -1
     has_labels = labels == "auto"
     for split, images_path in images_by_split.items():
         images = read_idx(images_path)
         if images.ndim != 3:
-            raise ValueError(f"{str(images_path)!r} has shape {images.shape}; expected [N, H, W]")
+            raise UserInputError(
+                f"{str(images_path)!r} has shape {images.shape}; expected [N, H, W]"
+            )
         label_array: np.ndarray | None = None
         labels_path = images_path.with_name(images_path.name.replace("images-idx3", "labels-idx1"))
         if has_labels and labels_path.exists():
             label_array = read_idx(labels_path).astype(np.int64)
             if label_array.shape != (len(images),):
-                raise ValueError(
+                raise UserInputError(
                     f"{str(labels_path)!r} holds {label_array.shape} labels for "
                     f"{len(images)} images"
                 )
@@ -284,7 +290,9 @@ def _open_idx_files(
     else:
         classes = class_names or [str(i) for i in range(max_label + 1)]
         if len(classes) <= max_label:
-            raise ValueError(f"label {max_label} is outside the {len(classes)} known class names")
+            raise UserInputError(
+                f"label {max_label} is outside the {len(classes)} known class names"
+            )
     where = location or next(iter(images_by_split.values()))
     return Source(
         kind="idx",
@@ -301,29 +309,29 @@ def _open_idx_files(
 
 def _open_npz(path: Path, *, labels: LabelRule) -> Source:
     if labels in ("prefix", "folder"):
-        raise ValueError(f"labels={labels!r} does not apply to .npz files; use auto|none")
+        raise UserInputError(f"labels={labels!r} does not apply to .npz files; use auto|none")
     with np.load(path) as npz:
         if "arr_0" not in npz.files:
-            raise ValueError(f"{str(path)!r} has no arr_0 (arrays: {npz.files})")
+            raise UserInputError(f"{str(path)!r} has no arr_0 (arrays: {npz.files})")
         images = npz["arr_0"]
         label_array = npz["arr_1"] if "arr_1" in npz.files and labels == "auto" else None
     if images.dtype != np.uint8:
-        raise ValueError(f"{str(path)!r}: arr_0 has dtype {images.dtype}; expected uint8 NHWC")
+        raise UserInputError(f"{str(path)!r}: arr_0 has dtype {images.dtype}; expected uint8 NHWC")
     if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[3] not in (1, 3, 4)):
-        raise ValueError(
+        raise UserInputError(
             f"{str(path)!r}: arr_0 has shape {images.shape}; expected [N, H, W] or [N, H, W, C] "
             "with C in 1, 3, 4"
         )
     classes: list[str] | None = None
     if label_array is not None:
         if label_array.shape != (len(images),) or not np.issubdtype(label_array.dtype, np.integer):
-            raise ValueError(
+            raise UserInputError(
                 f"{str(path)!r}: arr_1 must be {len(images)} integer labels, got "
                 f"{label_array.dtype} {label_array.shape}"
             )
         label_array = label_array.astype(np.int64)
         if len(label_array) and label_array.min() < 0:
-            raise ValueError(f"{str(path)!r}: arr_1 has negative labels")
+            raise UserInputError(f"{str(path)!r}: arr_1 has negative labels")
         classes = [str(i) for i in range(int(label_array.max(initial=-1)) + 1)]
     keys = [f"{path.name}:{i}" for i in range(len(images))]
     split = SplitItems(keys=keys, labels=label_array, arrays=images)

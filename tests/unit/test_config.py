@@ -9,8 +9,10 @@ from raydiff.config import (
     apply_overrides,
     config_from_flags,
     from_dict,
+    load_config,
     to_dict,
 )
+from raydiff.errors import ConfigError, UserInputError
 
 
 def test_improved_diffusion_defaults():
@@ -111,7 +113,7 @@ def test_derived_data_fields_are_checked_and_errors_name_their_source():
     with pytest.raises(ValueError, match=r"train\.seed=-1 is invalid"):
         apply_overrides(ExperimentConfig(), ["seed=-1"])
     # A YAML value for a derived field must agree with its source, not vanish.
-    with pytest.raises(ValueError, match=r"data\.seed=5 contradicts train\.seed=0"):
+    with pytest.raises(ConfigError, match=r"data\.seed=5 is invalid: it contradicts train\.seed=0"):
         from_dict(ExperimentConfig, {"data": {"seed": 5}})
     same = from_dict(ExperimentConfig, {"model": {"image_size": 32}, "data": {"image_size": 32}})
     assert same.data.image_size == 32
@@ -140,3 +142,90 @@ def test_unknown_flags_get_suggestions_or_their_raydiff_equivalent():
         apply_overrides(ExperimentConfig(), ["noise_schedul=cosine"])
     with pytest.raises(ValueError, match=r"raydiff train --resume PATH"):
         apply_overrides(ExperimentConfig(), ["resume_checkpoint=model.pt"])
+
+
+def field_of(error: ConfigError) -> tuple[str, str]:
+    return error.section, error.field
+
+
+def test_errors_are_config_errors_naming_section_and_field():
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(image_size=32, num_channels=48)
+    assert field_of(info.value) == ("model", "num_channels") and info.value.value == 48
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(ExperimentConfig(), ["learn_sigma=maybe"])
+    assert field_of(info.value) == ("diffusion", "learn_sigma")
+    assert info.value.reason == "expected True or False"
+    # Derived data fields: the error names the source field, not data.channels.
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(ExperimentConfig(), ["in_channels=2"])
+    assert field_of(info.value) == ("model", "in_channels")
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(ExperimentConfig(), ["use_fp16=True", "precision=bf16"])
+    assert field_of(info.value) == ("model", "use_fp16")
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(ExperimentConfig(), ["lr_anneal_steps=100"])
+    assert field_of(info.value) == ("train", "max_steps")
+
+
+def test_unknown_fields_are_user_input_errors_but_not_config_errors():
+    for make in (
+        lambda: apply_overrides(ExperimentConfig(), ["nosie_schedule=cosine"]),
+        lambda: apply_overrides(ExperimentConfig(), ["model.nope=1"]),
+        lambda: apply_overrides(ExperimentConfig(), ["no_equals_sign"]),
+        lambda: from_dict(ExperimentConfig, {"modle": {}}),
+    ):
+        with pytest.raises(UserInputError) as info:
+            make()
+        assert not isinstance(info.value, ConfigError)
+
+
+def test_a_config_file_that_is_not_yaml_is_named(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(UserInputError, match=r"bad\.yaml' is not valid YAML: ") as info:
+        load_config(str(bad))
+    assert "\n" not in str(info.value)
+
+
+def test_image_size_that_cannot_be_downsampled_is_named_before_attention():
+    # demo: channel_mult 1,2,2 (two downsamplings), attention at 8 px. 30 is not divisible by 4,
+    # and 8 px is no resolution of a 30 px UNet; the cause is the image size.
+    with pytest.raises(ConfigError) as info:
+        load_config("demo", ["image_size=30"])
+    assert field_of(info.value) == ("model", "image_size") and info.value.value == 30
+    assert "divisible by 2^2" in str(info.value)
+    assert str(info.value).startswith("model.image_size=30 is invalid: must be a positive multiple")
+
+
+def test_architecture_errors_name_config_fields_not_unet_arguments():
+    with pytest.raises(ConfigError, match=r"^model\.num_channels=48 is invalid: .*divisible by 32"):
+        ModelConfig(image_size=32, num_channels=48)
+    with pytest.raises(ConfigError) as info:  # attention in pixels, not downsample rates
+        ModelConfig(image_size=32, attention_resolutions="16,5")
+    assert str(info.value) == (
+        "model.attention_resolutions='16,5' is invalid: 5 is not a resolution of this UNet; "
+        "valid: [32, 16, 8, 4]"
+    )
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(image_size=32, attention_resolutions="0")
+    assert field_of(info.value) == ("model", "attention_resolutions")
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(image_size=32, num_head_channels=24)
+    assert field_of(info.value) == ("model", "num_head_channels")
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(image_size=32, num_heads=3)
+    assert field_of(info.value) == ("model", "num_heads")
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(image_size=32, num_heads_upsample=5)
+    assert field_of(info.value) == ("model", "num_heads_upsample")
+    # Heads need to divide the attention layers' channels only, as in the UNet itself: 64 channels
+    # per head fit the 64-channel attention level and the 128-channel middle block, not level 1.
+    config = ModelConfig(
+        image_size=32,
+        num_channels=64,
+        channel_mult="1,1.5,2",
+        attention_resolutions="32",
+        num_head_channels=64,
+    )
+    assert config.attention_downsample_rates() == (1,)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from raydiff.config import load_config
-from raydiff.core import create_model
+from raydiff.factory import create_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

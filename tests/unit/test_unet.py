@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,13 @@ from raydiff.core.nn_layers import (
     timestep_embedding,
     upsample_nearest2x_conv3x3,
 )
-from raydiff.core.unet import EncoderUNetModel, SuperResModel, UNetModel
+from raydiff.core.unet import (
+    EncoderUNetModel,
+    SuperResModel,
+    UNetArgumentError,
+    UNetModel,
+    check_unet_architecture,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -151,12 +158,21 @@ def test_strict_load_round_trip(tmp_path: Path) -> None:
         {"use_checkpoint": True},
     ],
 )
-def test_unet_output_shape(options: dict) -> None:
-    model = UNetModel(**{**SMALL, **options})
+def test_unet_option_output_depends_on_its_own_sample_and_timestep(options: dict) -> None:
+    # Randomised weights: the zero-initialised output conv would make every output 0.
+    model = UNetModel(**{**SMALL, **options}).eval()
+    _randomize(model)
     x, t = _inputs()
-    out = model(x, t)
-    assert out.shape == (2, model.out_channels, 16, 16)
-    assert out.dtype == torch.float32
+    with torch.no_grad():
+        out = model(x, t)
+        assert out.shape == (2, model.out_channels, 16, 16) and out.dtype == torch.float32
+        # Another image in slot 1 changes row 1 only; another timestep in slot 0, row 0 only.
+        other_x = model(torch.cat([x[:1], torch.randn(1, 3, 16, 16)]), t)
+        other_t = model(x, torch.tensor([250.0, t[1].item()]))
+    torch.testing.assert_close(other_x[0], out[0])
+    assert not torch.allclose(other_x[1], out[1])
+    torch.testing.assert_close(other_t[1], out[1])
+    assert not torch.allclose(other_t[0], out[0])
 
 
 def test_grayscale_and_class_conditional() -> None:
@@ -181,12 +197,17 @@ def test_class_label_required_iff_conditional() -> None:
 
 
 def test_dims_1_and_3() -> None:
-    t = torch.tensor([1.0, 2.0])
-    model_1d = UNetModel(**dict(SMALL, dims=1))
-    assert model_1d(torch.randn(2, 3, 16), t).shape == (2, 6, 16)
-    model_3d = UNetModel(**dict(SMALL, dims=3))
-    # 3-D resampling only touches the inner two dimensions
-    assert model_3d(torch.randn(2, 3, 2, 8, 8), t).shape == (2, 6, 2, 8, 8)
+    t = torch.tensor([1.0, 400.0])
+    # 3-D resampling only touches the inner two dimensions.
+    for dims, shape in ((1, (2, 3, 16)), (3, (2, 3, 2, 8, 8))):
+        model = UNetModel(**dict(SMALL, dims=dims)).eval()
+        _randomize(model)
+        x = torch.randn(shape)
+        with torch.no_grad():
+            out = model(x, t)
+            assert out.shape == (2, 6, *shape[2:])
+            assert not torch.allclose(model(x, t.flip(0)), out)  # the timestep is used
+            assert not torch.allclose(model(x.flip(-1), t), out)  # the input is used
 
 
 def test_superres_model() -> None:
@@ -213,6 +234,10 @@ def test_encoder_output_shape(pool: str) -> None:
     out = model(x, t)
     assert out.shape == (2, 10)
     assert torch.isfinite(out).all()
+    # Each row is computed from its own image and timestep.
+    other = model(torch.cat([x[:1], x[1:].flip(-1)]), t)
+    torch.testing.assert_close(other[0], out[0])
+    assert not torch.allclose(other[1], out[1])
 
 
 def test_feature_vectors() -> None:
@@ -356,12 +381,31 @@ def test_checkpointed_gradients_equal_plain() -> None:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-6)
 
 
-def test_checkpoint_only_while_training_with_grad() -> None:
+def test_checkpoint_only_while_training_with_grad(monkeypatch: pytest.MonkeyPatch) -> None:
+    import raydiff.core.nn_layers as nn_layers
+
+    calls = []
+    real_checkpoint = nn_layers.checkpoint
+
+    def counting_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real_checkpoint(*args, **kwargs)
+
+    monkeypatch.setattr(nn_layers, "checkpoint", counting_checkpoint)
     model = UNetModel(**SMALL, use_checkpoint=True)
+    _randomize(model)
+    plain = UNetModel(**SMALL)
+    plain.load_state_dict(model.state_dict())
     x, t = _inputs()
-    model.eval()
-    with torch.no_grad():
-        assert model(x, t).shape == (2, 6, 16, 16)
+    for training, grad in ((False, False), (False, True), (True, False), (True, True)):
+        calls.clear()
+        model.train(training)
+        plain.train(training)
+        with torch.set_grad_enabled(grad):
+            out = model(x, t)
+            expected = plain(x, t)
+        assert bool(calls) == (training and grad), (training, grad)
+        torch.testing.assert_close(out, expected)  # dropout is 0: the mode changes nothing else
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,7 +454,7 @@ def test_groupnorm_divisibility_error_names_arguments() -> None:
         UNetModel(**dict(SMALL, model_channels=48))
     message = str(info.value)
     assert "model_channels" in message and "channel_mult" in message and "48" in message
-    with pytest.raises(ValueError, match=r"channel_mult\[1\] = 32 \* 1.5 = 48"):
+    with pytest.raises(ValueError, match=r"channel_mult\[1\]=1.5 it gives 32 \* 1.5 = 48"):
         UNetModel(**dict(SMALL, channel_mult=(1, 1.5)))
 
 
@@ -421,17 +465,35 @@ def test_groupnorm_divisibility_error_names_arguments() -> None:
         ({"num_heads": 3}, r"num_heads=3 .* divisor"),
         ({"num_heads_upsample": 5}, r"num_heads_upsample=5"),
         ({"attention_resolutions": (16,)}, r"contains 16, but .* downsample rates are \[1, 2\]"),
-        ({"image_size": 15}, r"image_size=15 must be a positive multiple of 2"),
-        ({"dims": 4}, r"dims must be 1, 2 or 3"),
-        ({"dropout": 1.5}, r"dropout must be in \[0, 1\)"),
-        ({"channel_mult": ()}, r"channel_mult must list at least one"),
+        ({"image_size": 15}, r"image_size=15 is invalid: must be a positive multiple of 2"),
+        ({"dims": 4}, r"dims=4 is invalid: must be 1, 2 or 3"),
+        ({"dropout": 1.5}, r"dropout=1.5 is invalid: must be in \[0, 1\)"),
+        ({"channel_mult": ()}, r"channel_mult=\(\) is invalid: must list at least one"),
         ({"num_classes": 0}, r"num_classes must be None or a positive int"),
-        ({"num_res_blocks": (2, 4)}, r"num_res_blocks must be an int"),
+        ({"num_res_blocks": (2, 4)}, r"num_res_blocks=\(2, 4\) is invalid: must be an int"),
     ],
 )
 def test_validation_errors(options: dict, pattern: str) -> None:
     with pytest.raises(ValueError, match=pattern):
         UNetModel(**{**SMALL, **options})
+
+
+def test_architecture_errors_name_the_argument_and_its_offending_item() -> None:
+    with pytest.raises(UNetArgumentError) as info:
+        check_unet_architecture(**{**SMALL, "attention_resolutions": (2, 16)})
+    error = info.value
+    assert (error.argument, error.value, error.item) == ("attention_resolutions", (2, 16), 16)
+    assert str(error).startswith("attention_resolutions=(2, 16) is invalid: it contains 16")
+    # image_size fixes the resolutions, so it is checked (and named) before attention_resolutions.
+    with pytest.raises(UNetArgumentError) as info:
+        check_unet_architecture(**{**SMALL, "image_size": 15, "attention_resolutions": (3,)})
+    assert info.value.argument == "image_size"
+    copy = pickle.loads(pickle.dumps(info.value))  # Ray pickles exceptions raised in workers
+    assert (type(copy), str(copy), copy.argument) == (
+        UNetArgumentError,
+        str(info.value),
+        "image_size",
+    )
 
 
 def test_missing_required_argument() -> None:

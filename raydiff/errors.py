@@ -1,0 +1,51 @@
+"""Errors that describe a user's mistake, as opposed to a bug.
+
+The command line prints a :class:`UserInputError` as one line, without a traceback; any other
+exception is a bug (or a failure outside the user's hands) and keeps its traceback. Both are
+``ValueError`` subclasses, so code that catches ``ValueError`` keeps working.
+
+This module imports nothing else of raydiff (nor torch or Ray): every layer may raise these.
+"""
+
+from __future__ import annotations
+
+import functools
+
+__all__ = ["ConfigError", "UserInputError"]
+
+
+class UserInputError(ValueError):
+    """A mistake in what the user gave (flags, config, data, paths).
+
+    The message is one actionable line: what is wrong and what to do instead.
+    """
+
+
+class ConfigError(UserInputError):
+    """One invalid configuration value: ``section.field=value is invalid: reason``.
+
+    ``section`` and ``field`` name where the value is set (``model.image_size``, or
+    ``prepare.num_workers`` for an option of ``raydiff prepare``), so that a caller that knows
+    another name for the field (a command-line flag) can :meth:`render` the error with it.
+    """
+
+    def __init__(self, *, section: str, field: str, value: object, reason: str) -> None:
+        self.section = section
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{section}.{field}={value!r} is invalid: {reason}")
+
+    def render(self, flag: str | None = None) -> str:
+        """The message naming ``flag`` (``--workers 0 is invalid: ...``); ``str(self)`` without."""
+        if flag is None:
+            return str(self)
+        return f"{flag} {self.value!r} is invalid: {self.reason}"
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        # Keyword-only arguments: the default (cls(*args)) cannot rebuild it. Ray pickles
+        # exceptions raised in workers.
+        rebuild = functools.partial(
+            type(self), section=self.section, field=self.field, value=self.value, reason=self.reason
+        )
+        return rebuild, ()

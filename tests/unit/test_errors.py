@@ -1,0 +1,95 @@
+"""User mistakes are structured errors shown as one line; bugs keep their traceback."""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import raydiff.data.prepare
+from raydiff.cli import main, render_error
+from raydiff.errors import ConfigError, UserInputError
+
+
+def test_config_error_fields_and_rendering() -> None:
+    error = ConfigError(section="scaling", field="num_workers", value=0, reason="must be >= 1")
+    assert isinstance(error, UserInputError) and isinstance(error, ValueError)
+    assert (error.section, error.field, error.value, error.reason) == (
+        "scaling",
+        "num_workers",
+        0,
+        "must be >= 1",
+    )
+    assert str(error) == "scaling.num_workers=0 is invalid: must be >= 1"
+    assert error.render() == str(error)
+    assert error.render("--num-workers") == "--num-workers 0 is invalid: must be >= 1"
+    text = ConfigError(section="data", field="data_dir", value="", reason="give a path")
+    assert text.render("--data") == "--data '' is invalid: give a path"
+
+
+def test_config_error_survives_pickling() -> None:
+    """Ray pickles exceptions raised in workers; keyword-only arguments need help for that."""
+    error = ConfigError(section="model", field="image_size", value=30, reason="not a multiple")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is ConfigError and str(copy) == str(error)
+    assert (copy.section, copy.field, copy.value, copy.reason) == (
+        "model",
+        "image_size",
+        30,
+        "not a multiple",
+    )
+
+
+def test_errors_module_imports_nothing_of_raydiff() -> None:
+    code = (
+        "import sys, raydiff.errors; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('ray', 'torch') "
+        "or (m.startswith('raydiff.') and m != 'raydiff.errors')]; "
+        "assert not bad, bad[:5]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cli_prints_a_config_mistake_as_one_line_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = str(tmp_path / "ds")
+    assert main(["prepare", "fashion-mnist", "--out", out, "--workers", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err == "raydiff prepare: error: --workers 0 is invalid: valid: integers >= 1\n"
+    assert main(["prepare", "fashion-mnist", "--out", "s3://bucket/ds", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("raydiff prepare: error: --out 's3://bucket/ds' is invalid: prepare")
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_cli_lets_a_bug_propagate_with_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(options: object) -> None:
+        raise ValueError("expected a 4D tensor")  # what a bug inside torch looks like
+
+    monkeypatch.setattr(raydiff.data.prepare, "prepare_dataset", broken)
+    with pytest.raises(ValueError, match="expected a 4D tensor") as info:
+        main(["prepare", "fashion-mnist", "--out", str(tmp_path / "ds"), "--quiet"])
+    assert not isinstance(info.value, UserInputError)
+
+
+def test_train_errors_name_the_flag_only_when_the_flag_set_the_field() -> None:
+    error = ConfigError(section="train", field="max_steps", value=0, reason="must be >= 1")
+    typed = argparse.Namespace(command="train", max_steps=0, num_workers=None, data=None)
+    assert render_error(error, typed) == "--max-steps 0 is invalid: must be >= 1"
+    by_set = argparse.Namespace(command="train", max_steps=None, num_workers=None, data=None)
+    assert render_error(error, by_set) == "train.max_steps=0 is invalid: must be >= 1"
+    workers = ConfigError(section="scaling", field="num_workers", value=0, reason="must be >= 1")
+    typed.num_workers = 0
+    assert render_error(workers, typed) == "--num-workers 0 is invalid: must be >= 1"
+    other = ConfigError(section="model", field="image_size", value=30, reason="r")
+    assert render_error(other, typed) == str(other)
+    assert render_error(UserInputError("unknown config field 'x'"), typed) == (
+        "unknown config field 'x'"
+    )
