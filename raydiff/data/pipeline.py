@@ -39,6 +39,7 @@ import numpy as np
 from raydiff.data.config import DataConfig
 from raydiff.data.manifest import Manifest, check_compatible, load_manifest
 from raydiff.data.order import block_order_seed, flip_mask, shuffle_buffer_seed
+from raydiff.errors import ConfigError, UserInputError
 
 if TYPE_CHECKING:
     import ray.data
@@ -91,9 +92,11 @@ def build_datasets(
         class_cond=config.class_cond,
     )
     if config.train_split not in manifest.splits:
-        raise ValueError(
-            f"data.train_split={config.train_split!r} is not in {manifest.root!r}; "
-            f"valid splits: {', '.join(manifest.splits)}"
+        raise ConfigError(
+            section="data",
+            field="train_split",
+            value=config.train_split,
+            reason=f"no such split in {manifest.root}; valid splits: {', '.join(manifest.splits)}",
         )
     datasets = {
         "train": build_split(
@@ -277,7 +280,7 @@ def decode_batch(
         with Image.open(io.BytesIO(png)) as image:
             array = np.asarray(image)
         if array.shape[:2] != (image_size, image_size):
-            raise ValueError(
+            raise UserInputError(
                 f"row {batch['key'][i]!r} is {array.shape[1]}x{array.shape[0]}, but the "
                 f"manifest says {image_size}x{image_size}: the dataset is inconsistent"
             )
@@ -354,7 +357,7 @@ def iterate_batches(
             yield epoch, batch
         if num_batches == 0:
             # An endless loop over an empty shard would hang the run without a word.
-            raise ValueError(
+            raise UserInputError(
                 f"rank {rank}'s shard gave no batch of {batch_size} in epoch {epoch}: the split "
                 "has fewer rows per worker than the per-worker batch size"
             )

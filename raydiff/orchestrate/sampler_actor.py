@@ -4,7 +4,8 @@ Why an actor: the history must outlive a worker restart and be identical for eve
 reference all-gathers (t, loss) every step with one ``.item()`` per element and loses the history
 on every restart.
 
-Protocol (off the step's critical path, see ray-notes.md: an actor round trip is ~2 ms):
+Protocol (off the step's critical path: a round trip from a Train worker to an actor takes
+~1-2 ms on a 2-core machine, longer than a gloo all-gather of the same data):
 - every rank sends its (t, loss) batch with a fire-and-forget ``record.remote``;
 - every ``refresh_interval`` steps rank 0 pulls the weights and broadcasts them to the other
   ranks with one collective, so every rank switches to the same weights at the same step;
@@ -13,17 +14,35 @@ Protocol (off the step's critical path, see ray-notes.md: an actor round trip is
   every rank's losses up to that step;
 - a worker group that starts without a checkpoint empties the history (rank 0, before the first
   step): a restart before the first checkpoint must not keep the failed attempt's losses; one
-  that resumes loads the checkpointed history into the actor;
-- if the actor dies, rank 0 notices at its next call, recreates it from the last checkpointed
-  history and bumps a generation number that travels with the next weights broadcast; every
-  other rank then looks the new actor up by name (``.remote()`` on a dead actor does not raise,
-  so they could not notice by themselves). Losses sent to the dead actor are lost.
+  that resumes loads the checkpointed history into the actor.
+
+Actor failures are Ray's own actor restarts (``max_restarts``, ``max_task_retries``), not code
+of ours. Ray re-runs ``LossHistoryActor.__init__`` with its original arguments in a new process,
+and ``__init__`` loads the history of the run's newest complete checkpoint in ``run_dir`` (else
+of ``resume_checkpoint``, the checkpoint a ``--resume`` run started from; else it starts empty).
+Every handle stays valid: no rank has to notice the restart or look the actor up again. What a
+restart means for the calls:
+
+- calls submitted while the actor is down or restarting, and calls that were running when it
+  died, are retried on the restarted actor (``max_task_retries=-1``); ``ray.get`` on them (rank
+  0's weights pull, ``wait_for_records``, ``state_dict``) blocks until the actor is back (a few
+  seconds: a new process imports torch and reads ``trainer.pt``);
+- fire-and-forget ``record`` calls are therefore not dropped: those not yet processed when the
+  actor died reach the new one (possibly in another order; the history is a per-t FIFO, so only
+  which of a t's losses are the newest 10 can differ). Losses the dead actor had already
+  recorded after the last checkpoint are lost: the history restarts from that checkpoint;
+- after ``MAX_RESTARTS`` deaths (a crash loop) the actor stays dead and the next ``ray.get``
+  raises ``ActorDiedError``; so does an ``__init__`` that raises (an unreadable checkpoint). The
+  worker then fails, and Ray Train's FailureConfig restarts the worker group, whose
+  ``get_or_create_actor`` creates a new actor under the freed name.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,32 +51,52 @@ import torch
 
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import LossSecondMomentResampler, ScheduleSampler
+from raydiff.train.checkpoint import latest_checkpoint
 
 logger = logging.getLogger(__name__)
 
 ACTOR_NAMESPACE = "raydiff"
+#: Ray restarts a dead loss-history actor this many times in its lifetime (a few per run are
+#: normal after a node or process failure); more means a crash loop, which should fail the run
+#: (see the module docstring) rather than block rank 0's weights pull forever.
+MAX_RESTARTS = 10
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
+@ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=-1)
 class LossHistoryActor:
-    """Holds a ``LossSecondMomentResampler``'s history; the math stays in raydiff.core."""
+    """Holds a ``LossSecondMomentResampler``'s history; the math stays in raydiff.core.
 
-    def __init__(self, num_timesteps: int) -> None:
-        self._sampler = history_sampler(num_timesteps)
-        self._version = 0
+    Every method is safe to retry (Ray retries calls that a restart interrupted): ``record``
+    only ever runs once per process, and a restarted process starts from a checkpoint.
+    """
+
+    def __init__(
+        self,
+        num_timesteps: int,
+        run_dir: str | None = None,
+        resume_checkpoint: str | None = None,
+    ) -> None:
+        # Also what Ray re-runs, with these same arguments, when it restarts the actor.
+        self._restored_from, history = checkpointed_history(run_dir, resume_checkpoint)
+        self._sampler = history_sampler(num_timesteps, history)
+        if self._restored_from is not None:
+            logger.warning(
+                "loss-history actor (pid %d) starts with the history of %s (%d losses)",
+                os.getpid(),
+                self._restored_from,
+                int(self._sampler.state_dict()["loss_counts"].sum()),
+            )
 
     def record(self, ts: np.ndarray, losses: np.ndarray) -> None:
         # Arguments arrive as read-only views of the object store: copy before torch wraps them.
         self._sampler.update_with_all_losses(torch.tensor(ts), torch.tensor(losses))
-        self._version += 1
 
     def reset(self) -> None:
         """Forget every recorded loss (a run starting from scratch)."""
         self._sampler = history_sampler(self._sampler.num_timesteps)
-        self._version += 1
 
-    def weights(self) -> tuple[int, np.ndarray]:
-        return self._version, self._sampler.weights()
+    def weights(self) -> np.ndarray:
+        return self._sampler.weights()
 
     def state_dict(self) -> dict[str, Any]:
         state = self._sampler.state_dict()
@@ -65,7 +104,42 @@ class LossHistoryActor:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._sampler = history_sampler(self._sampler.num_timesteps, state)
-        self._version += 1
+
+    def info(self) -> dict[str, Any]:
+        """This process's pid, the checkpoint its ``__init__`` loaded (None: started empty) and
+        how many losses the history holds: what tells a restarted actor from the first one."""
+        return {
+            "pid": os.getpid(),
+            "restored_from": None if self._restored_from is None else str(self._restored_from),
+            "num_recorded": int(self._sampler.state_dict()["loss_counts"].sum()),
+        }
+
+
+def checkpointed_history(
+    run_dir: str | os.PathLike[str] | None, resume_checkpoint: str | os.PathLike[str] | None = None
+) -> tuple[Path | None, dict[str, torch.Tensor] | None]:
+    """The checkpoint a (re)started actor takes its history from, and that history.
+
+    The newest complete checkpoint in ``run_dir``, else ``resume_checkpoint``, else none. The
+    history is ``None`` without a checkpoint or when the checkpoint's sampler kept none (a
+    uniform-sampler run).
+    """
+    source = latest_checkpoint(Path(run_dir)) if run_dir else None
+    if source is None and resume_checkpoint:
+        source = Path(resume_checkpoint)
+    if source is None:
+        return None, None
+    # mmap: only the sampler's tensors are read, not the optimiser state next to them.
+    trainer_state = torch.load(
+        source / "trainer.pt", map_location="cpu", weights_only=True, mmap=True
+    )
+    sampler_state = trainer_state.get("sampler", {})
+    if "loss_history" not in sampler_state:
+        return source, None
+    return source, {
+        "loss_history": sampler_state["loss_history"].clone(),
+        "loss_counts": sampler_state["loss_counts"].clone(),
+    }
 
 
 def history_sampler(
@@ -92,20 +166,42 @@ def actor_name(run_name: str) -> str:
     return f"loss-history-{run_name}"
 
 
-def get_or_create_actor(run_name: str, *, num_timesteps: int) -> ray.actor.ActorHandle:
-    """The run's named actor, created if it does not exist (one per run)."""
+def get_or_create_actor(
+    run_name: str,
+    *,
+    num_timesteps: int,
+    run_dir: str | os.PathLike[str] | None = None,
+    resume_checkpoint: str | os.PathLike[str] | None = None,
+) -> ray.actor.ActorHandle:
+    """The run's named actor, created if it does not exist (one per run).
+
+    ``run_dir``: the run folder whose checkpoints a restarted actor loads its history from;
+    ``resume_checkpoint``: the checkpoint a ``--resume`` run started from (used while ``run_dir``
+    has none). Both only take effect when this call creates the actor (an existing one keeps
+    the arguments it was created with), so the driver and the workers must pass the same ones.
+    Without ``run_dir`` a restarted actor starts with an empty history.
+    """
+    if run_dir is None:
+        logger.warning(
+            "loss-history actor of %s without run_dir: if it restarts, its history is lost",
+            run_name,
+        )
     return LossHistoryActor.options(
         name=actor_name(run_name),
         namespace=ACTOR_NAMESPACE,
         get_if_exists=True,
         lifetime="detached",
-    ).remote(num_timesteps)
+    ).remote(
+        num_timesteps,
+        None if run_dir is None else str(Path(run_dir).resolve()),
+        None if resume_checkpoint is None else str(Path(resume_checkpoint).resolve()),
+    )
 
 
 def kill_actor(run_name: str) -> None:
-    """Remove the run's actor (detached actors outlive the driver otherwise)."""
+    """Remove the run's actor for good (detached actors outlive the driver otherwise)."""
     with contextlib.suppress(ValueError):
-        ray.kill(ray.get_actor(actor_name(run_name), namespace=ACTOR_NAMESPACE))
+        ray.kill(ray.get_actor(actor_name(run_name), namespace=ACTOR_NAMESPACE), no_restart=True)
 
 
 class ActorSyncedSampler(ScheduleSampler):
@@ -113,6 +209,8 @@ class ActorSyncedSampler(ScheduleSampler):
 
     :param broadcast: broadcasts a float64 tensor from rank 0 to all ranks in place
         (``torch.distributed.broadcast``); ``None`` in a single process.
+    :param run_dir, resume_checkpoint: see :func:`get_or_create_actor` (the same values as the
+        driver's call).
     """
 
     def __init__(
@@ -124,17 +222,22 @@ class ActorSyncedSampler(ScheduleSampler):
         seed: int,
         refresh_interval: int = 10,
         broadcast: Any = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        resume_checkpoint: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(diffusion.num_timesteps, seed=seed)
         self.run_name = run_name
         self.rank = rank
         self.refresh_interval = refresh_interval
         self.broadcast = broadcast
-        self.actor = get_or_create_actor(run_name, num_timesteps=diffusion.num_timesteps)
+        self.actor = get_or_create_actor(
+            run_name,
+            num_timesteps=diffusion.num_timesteps,
+            run_dir=run_dir,
+            resume_checkpoint=resume_checkpoint,
+        )
         self._weights = np.ones(diffusion.num_timesteps, dtype=np.float64)
         self._steps_seen = 0
-        self._last_saved_state: dict[str, Any] | None = None
-        self._generation = 0  # actors recreated so far (rank 0 counts, broadcasts to the rest)
         self._pending: Any = None  # this rank's last record call
 
     def weights(self) -> np.ndarray:
@@ -142,8 +245,8 @@ class ActorSyncedSampler(ScheduleSampler):
 
     def record_losses(self, ts: torch.Tensor, losses: torch.Tensor, *, sync: Any = None) -> None:
         """Send this rank's losses (no wait) and, every refresh_interval steps, switch weights."""
-        self._pending = self._call(
-            "record", ts.detach().cpu().numpy(), losses.detach().cpu().double().numpy()
+        self._pending = self.actor.record.remote(
+            ts.detach().cpu().numpy(), losses.detach().cpu().double().numpy()
         )
         self._steps_seen += 1
         if self._steps_seen % self.refresh_interval == 0:
@@ -151,45 +254,41 @@ class ActorSyncedSampler(ScheduleSampler):
 
     def refresh(self) -> None:
         """All ranks take rank 0's view of the actor's weights (a collective: call on every rank)."""
-        # Slot 0 carries rank 0's actor generation, the rest the weights.
-        message = torch.zeros(self.num_timesteps + 1, dtype=torch.float64)
-        message[1:] = torch.from_numpy(self._weights)
+        message = torch.from_numpy(self._weights.copy())
         if self.rank == 0:
-            _, pulled = self._call_get("weights")
-            message[0] = self._generation
-            message[1:] = torch.tensor(np.asarray(pulled, dtype=np.float64))
+            message = torch.tensor(
+                np.asarray(ray.get(self.actor.weights.remote()), dtype=np.float64)
+            )
         if self.broadcast is not None:
             self.broadcast(message)
-        if int(message[0]) != self._generation:  # rank 0 recreated the actor: follow it
-            self._generation = int(message[0])
-            self.actor = ray.get_actor(actor_name(self.run_name), namespace=ACTOR_NAMESPACE)
-            logger.warning("rank %d: switched to the recreated loss-history actor", self.rank)
-        self._weights = message[1:].numpy()
+        self._weights = message.numpy()
 
     def wait_for_records(self) -> None:
         """Block until the actor has processed this rank's last ``record`` (before a checkpoint).
 
-        A record to a dead actor is dropped here rather than raised: rank 0 recreates the actor
-        and the other ranks follow at the next refresh.
+        Through an actor restart this waits for the retried call; an actor that is dead for good
+        raises ``ActorDiedError`` here (the worker group then restarts, see the module docstring).
         """
         if self._pending is not None:
-            with contextlib.suppress(ray.exceptions.RayActorError):
-                ray.get(self._pending)
-            self._pending = None
+            pending, self._pending = self._pending, None
+            ray.get(pending)
 
     def reset_history(self) -> None:
         """A run starting without a checkpoint: rank 0 empties the actor's history (the actor is
         detached and outlives a failed worker group, so it may hold that attempt's losses)."""
-        self._last_saved_state = None
         if self.rank == 0:
-            self._call_get("reset")
+            ray.get(self.actor.reset.remote())
 
     def state_dict(self) -> dict[str, Any]:
-        """rank 0: the actor's history plus this sampler's RNG and current weights."""
-        state = {**super().state_dict(), "weights": torch.from_numpy(self._weights.copy())}
+        """rank 0: the actor's history plus this sampler's RNG, current weights and step count
+        (a resumed run refreshes its weights at the same steps as the uninterrupted one)."""
+        state = {
+            **super().state_dict(),
+            "weights": torch.from_numpy(self._weights.copy()),
+            "steps_seen": self._steps_seen,
+        }
         if self.rank == 0:
-            state.update(self._call_get("state_dict"))
-            self._last_saved_state = {k: state[k] for k in ("loss_history", "loss_counts")}
+            state.update(ray.get(self.actor.state_dict.remote()))
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -197,10 +296,11 @@ class ActorSyncedSampler(ScheduleSampler):
         single-process run carry the history but no ``weights``; those of a uniform-sampler run
         neither: the weights are then recomputed from the history (uniform without one)."""
         super().load_state_dict(state)
+        self._steps_seen = int(state.get("steps_seen", 0))
         if "loss_history" in state:
-            self._last_saved_state = {k: state[k] for k in ("loss_history", "loss_counts")}
             if self.rank == 0:
-                self._call_get("load_state_dict", self._last_saved_state)
+                history = {k: state[k] for k in ("loss_history", "loss_counts")}
+                ray.get(self.actor.load_state_dict.remote(history))
         else:
             self.reset_history()
         if "weights" in state:
@@ -209,30 +309,3 @@ class ActorSyncedSampler(ScheduleSampler):
             self._weights = history_sampler(self.num_timesteps, state).weights()
         else:
             self._weights = np.ones(self.num_timesteps, dtype=np.float64)
-
-    # ---------------------------------------------------------------- actor failure handling
-
-    def _call(self, method: str, *args: Any) -> Any:
-        try:
-            return getattr(self.actor, method).remote(*args)
-        except ray.exceptions.RayActorError:
-            self._recreate()
-            return getattr(self.actor, method).remote(*args)
-
-    def _call_get(self, method: str, *args: Any) -> Any:
-        try:
-            return ray.get(getattr(self.actor, method).remote(*args))
-        except ray.exceptions.RayActorError:
-            self._recreate()
-            return ray.get(getattr(self.actor, method).remote(*args))
-
-    def _recreate(self) -> None:
-        logger.warning(
-            "the loss-history actor of run %s died; recreating it from the last checkpoint",
-            self.run_name,
-        )
-        self.actor = get_or_create_actor(self.run_name, num_timesteps=self.num_timesteps)
-        if self.rank == 0:
-            self._generation += 1
-            if self._last_saved_state is not None:
-                ray.get(self.actor.load_state_dict.remote(self._last_saved_state))

@@ -11,7 +11,6 @@ import logging
 import math
 import os
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -41,20 +40,26 @@ def ensure_ray(*, address: str | None, num_workers: int, cpus_per_worker: float)
     """
     import ray
 
+    from raydiff.orchestrate.console import ray_init_options
+
     if ray.is_initialized():
         return
     # The dashboard's Train page needs state tracking switched on in the driver.
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
     address = address or os.environ.get("RAY_ADDRESS") or "local"
     if address != "local":
-        ray.init(address=address, logging_level=logging.WARNING)
+        ray.init(address=address, **ray_init_options())
         logger.info("connected to the Ray cluster at %s", address)
         return
     # Training workers must not take every CPU or Ray Data has none left to decode with, hence
     # the spare logical CPUs.
     needed = math.ceil(num_workers * cpus_per_worker) + 2
-    start_local_ray(num_cpus=max(os.cpu_count() or 1, needed))
-    logger.info("started a local Ray instance (dashboard: http://127.0.0.1:8265)")
+    context = start_local_ray(num_cpus=max(os.cpu_count() or 1, needed), **ray_init_options())
+    logger.info(
+        "started a local Ray instance (dashboard: http://%s; Ray's logs: %s/logs)",
+        context.dashboard_url or "-",
+        context.address_info["session_dir"],
+    )
 
 
 # Environment for a Ray instance this process starts itself (the raylet and every worker inherit
@@ -69,27 +74,30 @@ LOCAL_INSTANCE_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 def quiet_ray_console() -> None:
     """Keep Ray's own INFO lines and deprecation notices off this process's console.
 
-    They stay in Ray's log files (``/tmp/ray/session_latest/logs``) and come back with
-    ``raydiff -v``; raydiff's progress lines are what a user running a job wants to see.
+    The driver's half of :mod:`raydiff.orchestrate.console` (``ensure_ray`` gives the workers
+    theirs): also where Ray was started by someone else (a Tune trial). The lines stay in Ray's
+    log files (``/tmp/ray/session_latest/logs``) and come back with ``raydiff -v``.
     """
-    if logging.getLogger("raydiff").isEnabledFor(logging.DEBUG):
+    from raydiff.orchestrate.console import quiet_ray_process, verbose
+
+    if verbose():
         return
-    for name in ("ray", "ray.train", "ray.data", "ray.tune"):
+    for name in ("ray", "ray.tune"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray(\.|$)")
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray(\.|$)")
+    quiet_ray_process()
 
 
-def start_local_ray(*, num_cpus: int, **init_kwargs: Any) -> None:
+def start_local_ray(*, num_cpus: int, **init_kwargs: Any) -> Any:
     """Start a new local Ray instance with raydiff's local-instance environment.
 
-    Values already set in the environment win. ``init_kwargs`` go to ``ray.init``.
+    Values already set in the environment win. ``init_kwargs`` go to ``ray.init``; returns its
+    ``RayContext``.
     """
     import ray
 
     for name, value in LOCAL_INSTANCE_ENV.items():
         os.environ.setdefault(name, value)
-    ray.init(address="local", num_cpus=num_cpus, **init_kwargs)
+    return ray.init(address="local", num_cpus=num_cpus, **init_kwargs)
 
 
 def run_training_job(
@@ -130,6 +138,7 @@ def run_training_job(
     from ray.train.torch import TorchTrainer
 
     from raydiff.data.pipeline import build_datasets, execution_options
+    from raydiff.orchestrate.console import train_log_level
     from raydiff.orchestrate.sampler_actor import get_or_create_actor, kill_actor
     from raydiff.orchestrate.worker import train_loop_per_worker
 
@@ -155,7 +164,12 @@ def run_training_job(
     datasets = build_datasets(config.data, manifest=manifest, epoch_offset=progress.get("epoch", 0))
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:
-        get_or_create_actor(actor_key, num_timesteps=config.diffusion.diffusion_steps)
+        get_or_create_actor(
+            actor_key,
+            num_timesteps=config.diffusion.diffusion_steps,
+            run_dir=out,
+            resume_checkpoint=resumed_from,
+        )
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -178,6 +192,7 @@ def run_training_job(
             storage_path=str(out.parent),
             failure_config=ray.train.FailureConfig(max_failures=scaling.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=scaling.checkpoints_to_keep),
+            logging_config=ray.train.LoggingConfig(log_level=train_log_level()),
         ),
         datasets=datasets,
         dataset_config=ray.train.DataConfig(

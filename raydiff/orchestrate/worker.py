@@ -111,6 +111,9 @@ class RayRuntime:
             seed=seed,
             refresh_interval=self.config.scaling.sampler_refresh_interval,
             broadcast=_broadcast_from_rank0 if self.world_size > 1 else None,
+            # Where a restarted actor reloads its history from (the driver passes the same).
+            run_dir=self.output_dir,
+            resume_checkpoint=self.resume,
         )
         if fresh:
             # The actor outlives a worker group that failed before its first checkpoint.
@@ -191,19 +194,22 @@ def _broadcast_from_rank0(tensor: torch.Tensor) -> None:
 
 
 def _configure_logging(rank: int) -> None:
-    """raydiff's loggers rank-prefixed, INFO on rank 0 and WARNING elsewhere; Ray's untouched."""
+    """raydiff's loggers rank-prefixed, INFO on rank 0 and WARNING elsewhere.
+
+    Ray's console output is set for the whole job by ``raydiff.orchestrate.console`` (Ray Train's
+    own ``ray.train`` logs follow the run's ``LoggingConfig``), not here.
+    """
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(name)s: %(message)s"))
     package = logging.getLogger("raydiff")
     package.handlers[:] = [handler]
     package.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     package.propagate = False
-    # Ray Train logs every report at INFO from every rank (its logger is named after its file);
-    # keep its warnings only.
+    # Ray Train logs every report at INFO from every rank, under a logger named after its file
+    # (outside "ray.train", so its LoggingConfig does not reach it); keep its warnings only.
     try:
         import ray.train.v2._internal.execution.context as train_context
 
         logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
     except ImportError:  # another Ray version: its logs stay as they are
         pass
-    logging.getLogger("ray.train").setLevel(logging.WARNING)

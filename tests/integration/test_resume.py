@@ -4,7 +4,8 @@ One Ray Train worker, the real Ray Data pipeline: the run stopped at step 40 (ep
 36) and continued from its checkpoint reaches the same per-step losses and the same final
 weights as the run that never stopped. That takes the weights, EMA, optimiser and sampler from the
 checkpoint, the data position (epoch, batches already seen, that epoch's block order) from it
-too, and every random draw of a step from (seed, rank, step).
+too, the loss-aware sampler's history (its actor) and refresh schedule, and every random draw of
+a step from (seed, rank, step).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def config(data_dir: Path, max_steps: int) -> ExperimentConfig:
             "model.num_res_blocks=1",
             "model.attention_resolutions=",
             "model.dropout=0.1",  # dropout draws too: its stream must continue as well
-            "diffusion.diffusion_steps=100",
+            "diffusion.diffusion_steps=20",  # 200 losses warm the loss-aware sampler up
             "diffusion.noise_schedule=cosine",
             "optim.ema_rate=0.9",
             f"train.batch_size={BATCH}",
@@ -41,6 +42,8 @@ def config(data_dir: Path, max_steps: int) -> ExperimentConfig:
             "train.eval_timesteps=2",
             "train.sample_count=4",
             "train.sample_steps=2",
+            "train.schedule_sampler=loss-second-moment",
+            "scaling.sampler_refresh_interval=3",  # the resume step 40 is not a multiple
             "scaling.num_workers=1",
             "scaling.cpus_per_worker=0.5",
             f"data.data_dir={data_dir}",
@@ -67,6 +70,9 @@ def test_a_resumed_one_worker_run_continues_the_data_order_and_the_losses(
     expected, resumed = step_losses(whole), step_losses(parts)
     assert sorted(resumed) == list(range(1, 49))
     assert [resumed[s] for s in range(41, 49)] == [expected[s] for s in range(41, 49)]
+    weights = torch.load(parts / "checkpoint_000048" / "trainer.pt", weights_only=True)
+    weights = weights["sampler"]["weights"]
+    assert weights.max() > 1.1 * weights.min()  # the sampler is warm: not a uniform-only check
     for name in ("model.pt", "ema_0.9.pt"):
         a = torch.load(whole / "checkpoint_000048" / name, weights_only=True)
         b = torch.load(parts / "checkpoint_000048" / name, weights_only=True)
