@@ -53,7 +53,7 @@ def build_trainer(config: ExperimentConfig, *, runtime: Runtime, fresh: bool = T
         rank=runtime.rank,
     )
     logger.info(
-        "model: %.2fM parameters; diffusion: T=%d %s, %s, %s; %d worker(s), %d images each",
+        "model: %.2fM parameters; diffusion: T=%d %s, %s, %s; %d worker(s), %d images each, %s",
         sum(p.numel() for p in model.parameters()) / 1e6,
         diffusion.original_num_steps,
         config.diffusion.noise_schedule,
@@ -61,5 +61,6 @@ def build_trainer(config: ExperimentConfig, *, runtime: Runtime, fresh: bool = T
         diffusion.loss_type.name,
         runtime.world_size,
         trainer.local_batch_size,
+        trainer.precision.precision,
     )
     return trainer

@@ -18,12 +18,35 @@ logger = logging.getLogger(__name__)
 _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto`` -> the fastest safe mode of ``device``; any other mode as it is.
+
+    bf16 where the device has native bf16 kernels (CUDA with bf16 support; a CPU whose oneDNN
+    has bf16, i.e. AVX512-BF16 or AMX), else fp16 with loss scaling on a GPU and fp32 on a CPU.
+    """
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if native_cpu_bf16() else "fp32"
+
+
+def native_cpu_bf16() -> bool:
+    """Whether this CPU runs bf16 convolutions natively (without it oneDNN emulates them: a
+    training step measured 16x slower than fp32 on an AVX2-only CPU)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch build without oneDNN
+        return False
+
+
 class PrecisionPolicy:
     """Autocast context and gradient scaling for one precision mode on one device."""
 
     def __init__(
         self, precision: str, *, device: torch.device, init_scale: float = 2.0**16
     ) -> None:
+        precision = resolve_precision(precision, device)
         if precision not in _DTYPES:
             raise ValueError(f"precision {precision!r} is invalid; valid: {', '.join(_DTYPES)}")
         self.precision = precision
@@ -34,11 +57,18 @@ class PrecisionPolicy:
             if precision == "fp16"
             else None
         )
+        if precision == "bf16" and device.type == "cpu" and not native_cpu_bf16():
+            logger.warning(
+                "precision bf16 on a CPU without native bf16 kernels (no AVX512-BF16/AMX): "
+                "oneDNN emulates them and a step runs 10-40x slower than fp32; use "
+                "train.precision=auto or fp32"
+            )
         if precision == "fp16" and device.type == "cpu":
             # It works (and CI tests the loss scaling on CPU), but it is rarely what anyone wants.
             logger.warning(
                 "precision fp16 on CPU: most CPUs have no fast fp16 convolutions (a training step "
-                "ran ~20x slower than fp32 in bench/core_step.py); use bf16 on CPU, fp16 on GPUs"
+                "ran ~20x slower than fp32 in bench/core_step.py); use bf16 on CPU (where it is native, "
+                "precision=auto picks it), fp16 on GPUs"
             )
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:

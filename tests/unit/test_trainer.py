@@ -77,14 +77,19 @@ def test_steps_train_in_every_precision(precision):
     assert math.isfinite(float(result.grad_norm))
 
 
-def test_fp16_on_cpu_warns_that_bf16_is_the_cpu_choice(caplog):
+def test_slow_cpu_precisions_warn(caplog, monkeypatch):
+    """fp16 on a CPU, and bf16 on a CPU without native bf16 kernels, say what to use instead."""
+    from raydiff.train import precision
+
     with caplog.at_level("WARNING", logger="raydiff.train.precision"):
         make_trainer("fp16")
     assert "use bf16 on CPU" in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="raydiff.train.precision"):
-        make_trainer("bf16")
-    assert caplog.text == ""
+    for native, warns in ((True, False), (False, True)):
+        monkeypatch.setattr(precision, "native_cpu_bf16", lambda native=native: native)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="raydiff.train.precision"):
+            make_trainer("bf16")
+        assert ("without native bf16" in caplog.text) == warns
 
 
 def test_injected_inf_skips_exactly_that_step_fp16():
@@ -411,3 +416,19 @@ def test_data_position_counts_batches_per_epoch_and_round_trips():
     # A resume with a different per-worker split still skips the same number of global samples.
     assert DataPosition.from_state(state, global_batch=8) == position
     assert DataPosition.from_state({}, global_batch=8) == DataPosition()
+
+
+def test_auto_precision_takes_bf16_only_where_the_cpu_has_it(monkeypatch):
+    from raydiff.config import ExperimentConfig, apply_overrides
+    from raydiff.train import precision
+
+    cpu = torch.device("cpu")
+    assert precision.resolve_precision("fp16", cpu) == "fp16"  # an explicit mode stays
+    monkeypatch.setattr(precision, "native_cpu_bf16", lambda: False)
+    assert precision.resolve_precision("auto", cpu) == "fp32"
+    assert make_trainer(precision="auto").precision.precision == "fp32"
+    monkeypatch.setattr(precision, "native_cpu_bf16", lambda: True)
+    assert precision.resolve_precision("auto", cpu) == "bf16"
+    # improved-diffusion's --use_fp16 wins over auto (it names a mode, auto does not).
+    config = apply_overrides(ExperimentConfig(), ["precision=auto", "use_fp16=True"])
+    assert config.train.precision == "fp16"
