@@ -1,6 +1,6 @@
 # raydiff developer entry points. `make demo` and `make test` each set the machine up first
 # (virtualenv, pinned packages, dataset) through scripts/setup.sh.
-.PHONY: setup demo test test-unit test-integration test-slow lint format bench bench-data bench-overhead data constraints
+.PHONY: setup demo sweep test test-unit test-integration test-slow lint format bench bench-data bench-overhead bench-sweep data constraints
 
 
 setup:
@@ -8,6 +8,12 @@ setup:
 
 demo:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" jobs/train.py $(ARGS)
+
+# The demo sweep (configs/sweep_demo.yaml): a new folder each time; `raydiff sweep --resume DIR`
+# continues an interrupted one.
+SWEEP_OUT ?= runs/sweep_demo-$(shell date +%Y%m%d-%H%M%S)
+sweep:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" jobs/sweep.py --config configs/sweep_demo.yaml --output $(SWEEP_OUT) $(ARGS)
 
 # Lint, then the tiers from fastest to slowest (markers from tests/conftest.py); the first failing
 # step stops the run, so a broken unit test fails in seconds. pytest exits 5 when a tier selects
@@ -55,3 +61,6 @@ bench-data:
 
 bench-overhead:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" bench/train_overhead.py
+
+bench-sweep:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" bench/sweep_overhead.py $(ARGS)

@@ -19,12 +19,15 @@ from typing import TYPE_CHECKING, Any
 from raydiff.errors import ConfigError, UserInputError
 
 if TYPE_CHECKING:
+    from raydiff.data.manifest import Manifest
     from raydiff.data.prepare import PrepareOptions
 
 logger = logging.getLogger(__name__)
 
 # Exit codes: 0 success, 1 a user error with a message (bad input, existing output), 2 argparse.
 EXIT_USER_ERROR = 1
+# A sweep stopped by Ctrl-C (continue it with --resume), as shells report SIGINT.
+EXIT_INTERRUPTED = 130
 
 
 @dataclass(frozen=True)
@@ -248,7 +251,6 @@ def run_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from raydiff.config import load_config
-    from raydiff.data.manifest import load_manifest
     from raydiff.train.preflight import fit_to_data
 
     overrides = list(args.overrides)
@@ -262,15 +264,7 @@ def run_train(args: argparse.Namespace) -> int:
     # Everything the config alone decides is checked before any side effect (preparing data).
     # One process trains the whole batch: scaling.num_workers does not apply to it.
     config.train.per_worker_batch(1 if args.single_process else config.scaling.num_workers)
-    data_dir = config.data.data_dir
-    embedded = "://" not in data_dir and Path(data_dir).resolve() == Path(DEFAULT_DATA).resolve()
-    if embedded and not (Path(data_dir) / "manifest.json").is_file():
-        from raydiff.data.prepare import PrepareOptions, prepare_dataset
-
-        logger.info("preparing the embedded Fashion-MNIST dataset into %s (once)", data_dir)
-        with _terminate_as_exit():
-            print(prepare_dataset(PrepareOptions(source="fashion-mnist", out=data_dir)).format())
-    manifest = load_manifest(data_dir)  # read once for the whole run
+    manifest = manifest_preparing_demo(config.data.data_dir)  # read once for the whole run
     config = fit_to_data(config, manifest, keep_channels=_sets_field(overrides, "in_channels"))
     output = Path(args.output)
     if args.single_process:
@@ -295,6 +289,104 @@ def run_train(args: argparse.Namespace) -> int:
     print(f"final metrics: {_format_metrics(result)}")
     print(f"run folder:    {output.resolve()}")
     print(f"tensorboard:   tensorboard --logdir {output.resolve() / 'tensorboard'}")
+    return 0
+
+
+def manifest_preparing_demo(data_dir: str) -> Manifest:
+    """The manifest of the dataset at ``data_dir``; the embedded Fashion-MNIST dataset
+    (``data/fashion-mnist``) is prepared first when it is missing."""
+    from pathlib import Path
+
+    from raydiff.data.manifest import load_manifest
+
+    embedded = "://" not in data_dir and Path(data_dir).resolve() == Path(DEFAULT_DATA).resolve()
+    if embedded and not (Path(data_dir) / "manifest.json").is_file():
+        from raydiff.data.prepare import PrepareOptions, prepare_dataset
+
+        logger.info("preparing the embedded Fashion-MNIST dataset into %s (once)", data_dir)
+        with _terminate_as_exit():
+            print(prepare_dataset(PrepareOptions(source="fashion-mnist", out=data_dir)).format())
+    return load_manifest(data_dir)
+
+
+# --------------------------------------------------------------------------------------------
+# sweep
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``raydiff sweep`` (and ``python jobs/sweep.py``)."""
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="sweep file (YAML: base config, search space, trials, scheduler; e.g. "
+        "configs/sweep_demo.yaml, which docs/sweeps.md explains)",
+    )
+    parser.add_argument("--output", default=None, help="sweep folder (must be new or empty)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a field of the base config for every trial (max_steps=20); repeatable",
+    )
+    parser.add_argument(
+        "--num-workers",
+        type=int,
+        default=None,
+        help="Ray Train workers per trial (sets scaling.num_workers)",
+    )
+    parser.add_argument(
+        "--resume",
+        default=None,
+        metavar="DIR",
+        help="continue the interrupted sweep in DIR (finished trials are not run again)",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster to run on: 'auto', HOST:PORT or ray://HOST:PORT (default: "
+        "$RAY_ADDRESS, else a new local instance)",
+    )
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    """Check the sweep (every trial's config included), run it on Ray Tune, print the results."""
+    if args.resume:
+        if args.config or args.output or args.overrides or args.num_workers is not None:
+            raise UserInputError(
+                "--resume DIR continues a sweep as it was started: give it alone (with "
+                "--address at most)"
+            )
+        from raydiff.orchestrate.sweep import resume_sweep
+
+        outcome = resume_sweep(args.resume, address=args.address)
+    else:
+        if not args.config or not args.output:
+            raise UserInputError(
+                "give --config SWEEP.yaml and --output DIR (or --resume DIR to continue a sweep)"
+            )
+        from raydiff.sweep.spec import load_sweep
+
+        overrides = list(args.overrides)
+        if args.num_workers is not None:
+            overrides.append(f"scaling.num_workers={args.num_workers}")
+        # Checked in full (every trial's config against the data) before Ray starts.
+        loaded = load_sweep(args.config, overrides=overrides, manifest_for=manifest_preparing_demo)
+        from raydiff.orchestrate.sweep import start_sweep
+
+        outcome = start_sweep(loaded, output_dir=args.output, address=args.address)
+    print(outcome.table)
+    folder = args.resume or args.output
+    if outcome.interrupted:
+        print(f"sweep interrupted; continue it with: raydiff sweep --resume {folder}")
+        return EXIT_INTERRUPTED
+    print(f"results:       {outcome.results_csv}")
+    if outcome.best_config:
+        print(f"best config:   {outcome.best_config}")
+    if outcome.best_checkpoint:
+        print(f"best checkpoint: {outcome.best_checkpoint}")
+    print(f"tensorboard:   tensorboard --logdir {outcome.tensorboard_dir}")
     return 0
 
 
@@ -325,6 +417,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         help="train a diffusion model (default: the Fashion-MNIST demo)",
         add_arguments=add_train_arguments,
         run=run_train,
+    ),
+    "sweep": Subcommand(
+        help="sweep config fields with Ray Tune (one Ray Train run per trial, ASHA stopping)",
+        add_arguments=add_sweep_arguments,
+        run=run_sweep,
     ),
 }
 
@@ -380,7 +477,7 @@ def render_error(error: Exception, args: argparse.Namespace) -> str:
     flag = None
     if args.command == "prepare" and error.section == "prepare":
         flag = PREPARE_FLAGS.get(error.field)
-    elif args.command == "train" and (error.section, error.field) in TRAIN_FLAGS:
+    elif args.command in ("train", "sweep") and (error.section, error.field) in TRAIN_FLAGS:
         flag, dest = TRAIN_FLAGS[error.section, error.field]
         if getattr(args, dest, None) is None:  # set by --config or --set: name the field
             flag = None

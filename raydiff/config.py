@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -264,8 +265,8 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         s = "optim"
-        if not self.lr > 0:
-            raise _fail(s, "lr", self.lr, "must be > 0")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise _fail(s, "lr", self.lr, "must be a finite number > 0")
         if self.weight_decay < 0:
             raise _fail(s, "weight_decay", self.weight_decay, "must be >= 0")
         for name in ("lr_anneal_steps", "warmup_steps"):
@@ -642,6 +643,30 @@ def _resolve_key(cls: type, key: str) -> list[str]:
     raise UserInputError(f"field {key!r} exists in {owners}; say which with section.field")
 
 
+def resolve_field(key: str) -> tuple[str, str]:
+    """``(section, field)`` of an :class:`ExperimentConfig` field named as ``--set`` takes it
+    (``optim.lr`` or a unique bare name like ``lr``); unknown names raise a
+    :class:`UserInputError` naming the valid ones."""
+    section, name = _resolve_key(ExperimentConfig, key.strip())
+    return section, name
+
+
+def field_type(section: str, name: str) -> Any:
+    """The type hint of ``section.name`` in :class:`ExperimentConfig` (``float`` for ``optim.lr``)."""
+    section_type = typing.get_type_hints(ExperimentConfig)[section]
+    return typing.get_type_hints(section_type)[name]
+
+
+def to_yaml(config: ExperimentConfig) -> str:
+    """The config as YAML that :func:`load_config` reads back (derived fields left out)."""
+    import yaml
+
+    data = to_dict(config)
+    for data_field in DATA_FIELDS_DERIVED:
+        del data["data"][data_field]
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 FLAGS_ELSEWHERE = {
     "resume_checkpoint": "use `raydiff train --resume PATH` (a checkpoint_NNNNNN folder)",
     "fp16_scale_growth": "torch.amp.GradScaler grows the loss scale by itself; "
@@ -664,9 +689,13 @@ PRESETS_DIR = Path(__file__).resolve().parent / "configs"
 """The presets shipped with the package (``configs/`` in the repository links here)."""
 
 
+SWEEP_PREFIX = "sweep_"
+"""Shipped files named ``sweep_*.yaml`` are sweep files (``raydiff sweep``), not presets."""
+
+
 def preset_names() -> list[str]:
-    """Names of the shipped presets (``demo``, ``cifar10_hybrid``, ...)."""
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+    """Names of the shipped training presets (``demo``, ``cifar10_hybrid``, ...)."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml") if not p.stem.startswith(SWEEP_PREFIX))
 
 
 def resolve_config_path(path_or_preset: str) -> Path:
@@ -675,7 +704,7 @@ def resolve_config_path(path_or_preset: str) -> Path:
     if file.is_file():
         return file
     preset = PRESETS_DIR / f"{path_or_preset.removesuffix('.yaml')}.yaml"
-    if "/" not in path_or_preset and preset.is_file():
+    if "/" not in path_or_preset and preset.is_file() and preset.stem in preset_names():
         return preset
     raise FileNotFoundError(
         f"config file {path_or_preset!r} does not exist (presets by name: "
@@ -696,5 +725,10 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
         except yaml.YAMLError as err:
             detail = " ".join(str(err).split())  # the parser's report spans several lines
             raise UserInputError(f"config file {str(file)!r} is not valid YAML: {detail}") from None
+    if isinstance(data, Mapping) and "search_space" in data:
+        raise UserInputError(
+            f"{path} is a sweep file (it has a search_space): run it with `raydiff sweep "
+            f"--config {path} --output DIR`"
+        )
     config = from_dict(ExperimentConfig, data)
     return apply_overrides(config, overrides or [])

@@ -73,7 +73,11 @@ def execution_options(config: DataConfig) -> ray.data.ExecutionOptions:
 
 
 def build_datasets(
-    config: DataConfig, *, manifest: Manifest | None = None, epoch_offset: int = 0
+    config: DataConfig,
+    *,
+    manifest: Manifest | None = None,
+    epoch_offset: int = 0,
+    cached: dict[str, ray.data.Dataset] | None = None,
 ) -> dict[str, ray.data.Dataset]:
     """Datasets for ``TorchTrainer(datasets=...)``: ``{"train": ..., "val": ...}``.
 
@@ -82,7 +86,8 @@ def build_datasets(
     ``epoch_offset``: the epoch a resumed run starts at, when the driver knows it. Ray counts
     executions from 0 for every new dataset, so without it a resumed run would replay the block
     orders of epochs 0, 1, ... (its row shuffles and flips still follow the true epoch); with it
-    the resumed epoch has the uninterrupted run's order.
+    the resumed epoch has the uninterrupted run's order. ``cached``: splits already decoded into
+    the object store by :func:`cache_splits` (a sweep decodes once for all its trials).
     """
     manifest = manifest or load_manifest(config.data_dir)
     check_compatible(
@@ -98,13 +103,25 @@ def build_datasets(
             value=config.train_split,
             reason=f"no such split in {manifest.root}; valid splits: {', '.join(manifest.splits)}",
         )
+    cached = cached or {}
     datasets = {
         "train": build_split(
-            manifest, split=config.train_split, config=config, train=True, epoch_offset=epoch_offset
+            manifest,
+            split=config.train_split,
+            config=config,
+            train=True,
+            epoch_offset=epoch_offset,
+            cached=cached.get(config.train_split),
         )
     }
     if config.val_split and config.val_split in manifest.splits:
-        datasets["val"] = build_split(manifest, split=config.val_split, config=config, train=False)
+        datasets["val"] = build_split(
+            manifest,
+            split=config.val_split,
+            config=config,
+            train=False,
+            cached=cached.get(config.val_split),
+        )
     elif config.val_split:
         logger.warning(
             "no %r split in %s: validation is off (splits: %s)",
@@ -115,54 +132,78 @@ def build_datasets(
     return datasets
 
 
-def build_split(
-    manifest: Manifest, *, split: str, config: DataConfig, train: bool, epoch_offset: int = 0
+def cache_splits(config: DataConfig, *, manifest: Manifest) -> dict[str, ray.data.Dataset]:
+    """The splits a run reads (train, val) that fit ``config.cache_max_bytes``, decoded once
+    into the object store: pass them to :func:`build_datasets` (``cached=``) of every run that
+    reads the same dataset. Their owner (this process) must outlive those runs."""
+    splits = [config.train_split, *([config.val_split] if config.val_split else [])]
+    return {
+        split: _decode(manifest, split=split, config=config, file_shuffle=None).materialize()
+        for split in splits
+        if split in manifest.splits and _cacheable(manifest, split, config)
+    }
+
+
+def _cacheable(manifest: Manifest, split: str, config: DataConfig) -> bool:
+    return 0 < decoded_bytes(manifest, split) <= config.cache_max_bytes
+
+
+def _decode(
+    manifest: Manifest, *, split: str, config: DataConfig, file_shuffle: Any
 ) -> ray.data.Dataset:
-    """One split as a decoded dataset (columns ``image``, ``label``, ``index``, ``key``).
-
-    ``train=True`` adds the per-epoch block / file reordering; validation data keeps its order.
-    """
-    from ray.data import FileShuffleConfig, RandomSeedConfig
-
-    size = decoded_bytes(manifest, split)
-    cache = 0 < size <= config.cache_max_bytes
-    reorder = train and config.shuffle_blocks
-    # reseed_after_execution: Ray mixes the execution index (the epoch) into the seed.
-    file_shuffle = (
-        FileShuffleConfig(seed=block_order_seed(config.seed), reseed_after_execution=True)
-        if reorder and not cache
-        else None
+    logger.info(
+        "%s split %r (%.0f MiB decoded; cache budget %.0f MiB)",
+        "decoding and caching" if _cacheable(manifest, split, config) else "streaming",
+        split,
+        decoded_bytes(manifest, split) / 2**20,
+        config.cache_max_bytes / 2**20,
     )
     dataset = _read_shards(manifest.shard_uris(split), shuffle=file_shuffle)
-    dataset = dataset.map_batches(
+    return dataset.map_batches(
         decode_batch,
         fn_kwargs={"image_size": manifest.image_size, "channels": manifest.channels},
         batch_size=config.decode_batch_size,
         batch_format="numpy",
         zero_copy_batch=True,
     )
-    if cache:
-        logger.info(
-            "decoding split %r once and caching it in the object store (%.0f MiB <= %.0f MiB)",
-            split,
-            size / 2**20,
-            config.cache_max_bytes / 2**20,
-        )
-        dataset = dataset.materialize()
-        if reorder:
-            # All-to-all, but over cached block references: free. (On a streamed dataset it
-            # would hold a whole epoch in the object store, hence the file shuffle there.)
-            dataset = dataset.randomize_block_order(
-                seed=RandomSeedConfig(
-                    seed=block_order_seed(config.seed), reseed_after_execution=True
-                )
-            )
+
+
+def build_split(
+    manifest: Manifest,
+    *,
+    split: str,
+    config: DataConfig,
+    train: bool,
+    epoch_offset: int = 0,
+    cached: ray.data.Dataset | None = None,
+) -> ray.data.Dataset:
+    """One split as a decoded dataset (columns ``image``, ``label``, ``index``, ``key``).
+
+    ``train=True`` adds the per-epoch block / file reordering; validation data keeps its order.
+    ``cached``: this split as :func:`cache_splits` decoded it (else it is decoded here: cached
+    when it fits ``config.cache_max_bytes``, streamed otherwise).
+    """
+    from ray.data import FileShuffleConfig, RandomSeedConfig
+
+    cache = cached is not None or _cacheable(manifest, split, config)
+    reorder = train and config.shuffle_blocks
+    if cached is not None:
+        dataset = cached
     else:
-        logger.info(
-            "streaming split %r (%.0f MiB decoded > cache budget %.0f MiB)",
-            split,
-            size / 2**20,
-            config.cache_max_bytes / 2**20,
+        # reseed_after_execution: Ray mixes the execution index (the epoch) into the seed.
+        file_shuffle = (
+            FileShuffleConfig(seed=block_order_seed(config.seed), reseed_after_execution=True)
+            if reorder and not cache
+            else None
+        )
+        dataset = _decode(manifest, split=split, config=config, file_shuffle=file_shuffle)
+        if cache:
+            dataset = dataset.materialize()
+    if cache and reorder:
+        # All-to-all, but over cached block references: free. (On a streamed dataset it
+        # would hold a whole epoch in the object store, hence the file shuffle there.)
+        dataset = dataset.randomize_block_order(
+            seed=RandomSeedConfig(seed=block_order_seed(config.seed), reseed_after_execution=True)
         )
     dataset.context.execution_options.preserve_order = config.deterministic
     if reorder and epoch_offset:

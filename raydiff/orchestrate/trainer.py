@@ -22,7 +22,8 @@ from raydiff.train.preflight import plan_start
 logger = logging.getLogger(__name__)
 
 
-def _absolute(uri: str) -> str:
+def absolute_uri(uri: str) -> str:
+    """A local path made absolute (workers and trials run in other folders); URIs as given."""
     return uri if "://" in uri else str(Path(uri).expanduser().resolve())
 
 
@@ -100,6 +101,15 @@ def start_local_ray(*, num_cpus: int, **init_kwargs: Any) -> Any:
     return ray.init(address="local", num_cpus=num_cpus, **init_kwargs)
 
 
+def sampler_actor_key(run_dir: Path) -> str:
+    """The key of the loss-history actor of the run in ``run_dir`` (an absolute path).
+
+    Per run folder, not per folder name: two runs called "demo" in different places must not
+    share (or kill) one loss history.
+    """
+    return f"{run_dir.name}-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]}"
+
+
 def run_training_job(
     config: ExperimentConfig,
     *,
@@ -108,16 +118,21 @@ def run_training_job(
     manifest: Manifest | None = None,
     address: str | None = None,
     show_data_progress: bool = False,
+    callbacks: list[Any] | None = None,
+    cached_splits: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train ``config`` with Ray Train; returns rank 0's final metrics plus the checkpoint path.
 
     Re-running with the same ``output_dir`` continues that run from its latest checkpoint; a run
     already at ``train.max_steps`` returns at once (its step and checkpoint) without starting Ray.
     ``manifest``: the dataset's manifest when the caller has read it already. ``address``: the
-    Ray cluster to join (:func:`ensure_ray`).
+    Ray cluster to join (:func:`ensure_ray`). ``callbacks``: Ray Train ``UserCallback``s
+    (a sweep trial relays its reports to Tune with one). ``cached_splits``: the dataset's splits
+    already decoded into the object store (``raydiff.data.pipeline.cache_splits``; a sweep
+    decodes once for all its trials).
     """
     # Every check runs before Ray is even imported: a bad config must not start a cluster.
-    config.data.data_dir = _absolute(config.data.data_dir)  # workers chdir into their run folder
+    config.data.data_dir = absolute_uri(config.data.data_dir)  # workers chdir into their run folder
     out = Path(output_dir).expanduser().resolve()
     resume_path = Path(resume).expanduser().resolve() if resume else None
     if not RUN_NAME.fullmatch(out.name):
@@ -149,9 +164,7 @@ def run_training_job(
     quiet_ray_console()
 
     run_name = out.name
-    # The sampler actor is named per run folder, not per folder name: two runs called "demo" in
-    # different places must not share (or kill) one loss history.
-    actor_key = f"{run_name}-{hashlib.sha1(str(out).encode()).hexdigest()[:10]}"
+    actor_key = sampler_actor_key(out)
     if resumed_from is not None:
         logger.info("continuing from %s (step %d)", resumed_from, progress.get("step", 0))
     if not show_data_progress:
@@ -161,7 +174,12 @@ def run_training_job(
         DataContext.get_current().enable_progress_bars = False
     # A resumed run's data pipeline starts at the checkpoint's epoch (its block order included);
     # the workers then skip the part of that epoch already trained on.
-    datasets = build_datasets(config.data, manifest=manifest, epoch_offset=progress.get("epoch", 0))
+    datasets = build_datasets(
+        config.data,
+        manifest=manifest,
+        epoch_offset=progress.get("epoch", 0),
+        cached=cached_splits,
+    )
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:
         get_or_create_actor(
@@ -193,6 +211,7 @@ def run_training_job(
             failure_config=ray.train.FailureConfig(max_failures=scaling.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=scaling.checkpoints_to_keep),
             logging_config=ray.train.LoggingConfig(log_level=train_log_level()),
+            callbacks=list(callbacks or []),
         ),
         datasets=datasets,
         dataset_config=ray.train.DataConfig(

@@ -166,6 +166,10 @@ def test_errors_are_config_errors_naming_section_and_field():
     with pytest.raises(ConfigError) as info:
         apply_overrides(ExperimentConfig(), ["lr_anneal_steps=100"])
     assert field_of(info.value) == ("train", "max_steps")
+    for lr in ("inf", "nan", "0"):  # an infinite lr would only show up as a diverged run
+        with pytest.raises(ConfigError) as info:
+            apply_overrides(ExperimentConfig(), [f"lr={lr}"])
+        assert field_of(info.value) == ("optim", "lr")
 
 
 def test_unknown_fields_are_user_input_errors_but_not_config_errors():

@@ -9,6 +9,8 @@ from raydiff.config import load_config
 from raydiff.factory import create_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+PRESETS = sorted(p for p in CONFIGS.glob("*.yaml") if not p.stem.startswith("sweep_"))
+SWEEPS = sorted(CONFIGS.glob("sweep_*.yaml"))
 
 
 def num_params(config) -> int:
@@ -18,7 +20,7 @@ def num_params(config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
 def test_every_preset_loads_and_splits_its_batch(path):
     config = load_config(str(path))
     config.train.per_worker_batch(config.scaling.num_workers)
@@ -26,7 +28,7 @@ def test_every_preset_loads_and_splits_its_batch(path):
 
 @pytest.mark.parametrize(
     "name,millions",
-    [("cifar10_hybrid", 52.5), ("cifar10_vlb", 52.5), ("imagenet64_cond", 270), ("demo", 1.2)],
+    [("cifar10_hybrid", 52.5), ("cifar10_vlb", 52.5), ("imagenet64_cond", 270), ("demo", 0.88)],
 )
 def test_published_model_sizes(name, millions):
     params = num_params(load_config(str(CONFIGS / f"{name}.yaml")))
@@ -43,8 +45,20 @@ def test_presets_load_by_name_and_ship_inside_the_package():
     from raydiff.config import PRESETS_DIR, preset_names, resolve_config_path
 
     assert PRESETS_DIR.parent.name == "raydiff"  # package data: a wheel install has them too
-    assert set(preset_names()) == {p.stem for p in CONFIGS.glob("*.yaml")}
+    assert set(preset_names()) == {p.stem for p in PRESETS}
     assert resolve_config_path("cifar10_hybrid") == PRESETS_DIR / "cifar10_hybrid.yaml"
     assert load_config("demo") == load_config(str(CONFIGS / "demo.yaml"))
     with pytest.raises(FileNotFoundError, match="presets by name: cifar10_hybrid"):
         resolve_config_path("cifar11")
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_shipped_sweeps_are_not_presets_but_load_as_sweeps(path):
+    from raydiff.errors import UserInputError
+    from raydiff.sweep.spec import load_sweep
+
+    assert load_sweep(path.stem).sweep == load_sweep(path).sweep  # by name, like presets
+    with pytest.raises(UserInputError, match="is a sweep file"):
+        load_config(str(path))
+    with pytest.raises(FileNotFoundError):
+        load_config(path.stem)

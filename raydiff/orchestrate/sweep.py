@@ -1,0 +1,471 @@
+"""The Tune driver: one Ray Train run (``run_training_job``) per trial, early stopping by ASHA.
+
+``run_sweep(loaded, output_dir=...)`` runs a checked sweep (:func:`raydiff.sweep.spec.
+load_sweep`) under ``tune.Tuner`` in Train V2 style: the trainable is a small function that
+builds the trial's config and calls :func:`raydiff.orchestrate.trainer.run_training_job`, whose
+workers' reports reach Tune through :class:`EvaluationRelay`. ``resume_sweep(output_dir)``
+continues an interrupted one with ``Tuner.restore``; finished and failed trials are not re-run,
+and an interrupted trial continues its own run from its newest checkpoint.
+
+The sweep folder::
+
+    sweep.yaml, base_config.yaml     the sweep as run (what --resume reads)
+    trials/<trial>/                  each trial's training run: checkpoints, samples,
+                                     tensorboard/ (tensorboard --logdir DIR/trials), config.json,
+                                     trial.json (Tune's trial id, its values, start time)
+    tune/                            Ray Tune's experiment state
+    results.csv, best_config.yaml    written when every trial has ended
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from raydiff.config import to_yaml
+from raydiff.data.manifest import Manifest, load_manifest
+from raydiff.data.pipeline import cache_splits
+from raydiff.errors import UserInputError
+from raydiff.orchestrate.console import verbose
+from raydiff.orchestrate.trainer import (
+    absolute_uri,
+    ensure_ray,
+    quiet_ray_console,
+    run_training_job,
+    sampler_actor_key,
+)
+from raydiff.sweep.results import (
+    TrialRow,
+    best_row,
+    format_table,
+    trial_status,
+    write_best_config,
+    write_csv,
+)
+from raydiff.sweep.spec import LoadedSweep, SearchDimension, load_sweep, trial_run_name
+from raydiff.train.checkpoint import latest_checkpoint
+
+logger = logging.getLogger(__name__)
+
+SWEEP_FILE = "sweep.yaml"
+BASE_CONFIG_FILE = "base_config.yaml"
+TRIALS_DIR = "trials"
+TUNE_DIR = "tune"
+TRIAL_FILE = "trial.json"
+
+TRIAL_DRIVER_CPUS = 0.1
+"""CPUs reserved for a trial's own process (it only waits on its Ray Train run)."""
+
+
+class EvaluationRelay(TuneReportCallback):
+    """Relay the training workers' reports that hold the sweep's metric to Tune.
+
+    Workers report at every log, save and evaluation step; validation bits/dim only at
+    evaluations. Tune refuses results without the metric it optimises, and ASHA must compare
+    trials at evaluation steps, so only those reports are passed on (with the training loss
+    and every other metric of that report).
+    """
+
+    def __init__(self, metric: str) -> None:
+        super().__init__()
+        self._metric = metric
+
+    def after_report(
+        self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any
+    ) -> None:
+        if metrics and self._metric in metrics[0]:
+            super().after_report(run_context, metrics, checkpoint)
+
+
+class TrialLifecycle(tune.Callback):
+    """Progress lines for trials starting, evaluating and ending; kills a trial's loss-history
+    actor when the trial ends (an early-stopped trial's process is killed, so its own clean-up
+    never runs)."""
+
+    def __init__(self, *, trials_dir: Path, metric: str, max_steps: int) -> None:
+        self._trials_dir = trials_dir
+        self._metric = metric
+        self._max_steps = max_steps
+
+    def _name(self, trial: Any) -> str:
+        return Path(trial.path).name
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        logger.info("trial %s started", self._name(trial))
+
+    def on_trial_result(
+        self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
+    ) -> None:
+        value = result.get(self._metric)
+        shown = f"{value:.4g}" if isinstance(value, float) else value
+        logger.info(
+            "trial %s  step %s/%d  %s %s",
+            self._name(trial),
+            result.get("step"),
+            self._max_steps,
+            self._metric,
+            shown,
+        )
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        step = (trial.last_result or {}).get("step")
+        status = trial_status(error=None, step=step, max_steps=self._max_steps)
+        logger.info("trial %s %s at step %s", self._name(trial), status, step)
+        self._release(trial)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        logger.warning("trial %s failed (its error: %s/error.txt)", self._name(trial), trial.path)
+        self._release(trial)
+
+    def _release(self, trial: Any) -> None:
+        from raydiff.orchestrate.sampler_actor import kill_actor
+
+        kill_actor(sampler_actor_key(self._trials_dir / self._name(trial)))
+
+
+@dataclass(kw_only=True)
+class SweepOutcome:
+    """What ``run_sweep`` produced."""
+
+    rows: list[TrialRow]
+    table: str
+    interrupted: bool
+    results_csv: Path | None
+    best_config: Path | None
+    best_checkpoint: str | None
+    tensorboard_dir: Path
+
+
+class TrialNumbers:
+    """Numbers trials 0, 1, 2, ... in the order Tune creates them, the same after a resume.
+
+    Tune's trial ids are random with a search algorithm like Optuna, so the number (in the
+    trial's folder name, and what its seed derives from) is kept in ``trial_numbers.json`` in
+    the sweep folder. Tune calls this in the driver, one trial at a time.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self._file = out / "trial_numbers.json"
+
+    def __call__(self, trial_id: str) -> int:
+        numbers = json.loads(self._file.read_text()) if self._file.is_file() else {}
+        if trial_id not in numbers:
+            numbers[trial_id] = max(numbers.values(), default=-1) + 1
+            tmp = self._file.with_name(self._file.name + ".tmp")
+            tmp.write_text(json.dumps(numbers, indent=1))
+            tmp.replace(self._file)
+        return numbers[trial_id]
+
+
+def number_of_trial_dir(name: str) -> int:
+    """``t0004_lr-0.001`` -> 4 (see :func:`raydiff.sweep.spec.trial_run_name`)."""
+    return int(name.partition("_")[0][1:])
+
+
+def _display_values(dims: tuple[SearchDimension, ...], params: dict[str, Any]) -> dict[str, Any]:
+    return {d.key: params[d.field] for d in dims if d.field in params}
+
+
+def _param_space(dims: tuple[SearchDimension, ...]) -> dict[str, Any]:
+    make = {
+        "choice": lambda v: tune.choice(list(v)),
+        "grid": lambda v: tune.grid_search(list(v)),
+        "uniform": lambda v: tune.uniform(*v),
+        "loguniform": lambda v: tune.loguniform(*v),
+        "randint": lambda v: tune.randint(*v),
+    }
+    return {d.field: make[d.kind](d.values) for d in dims}
+
+
+def _trainable(
+    loaded: LoadedSweep,
+    *,
+    trials_dir: Path,
+    manifest: Manifest,
+    cached_splits: dict[str, Any],
+) -> Any:
+    """The Tune trainable: one trial = one ``run_training_job`` into ``trials_dir/<name>``."""
+    metric = loaded.sweep.metric
+
+    def run_trial(params: dict[str, Any]) -> None:
+        # The driver named the trial's Tune folder (trial_run_name); its run folder is named alike.
+        name = Path(tune.get_context().get_trial_dir()).name
+        config = loaded.trial_config(params, trial_number=number_of_trial_dir(name))
+        run_dir = trials_dir / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # Which trial this run is, and when it (last) started: bench/sweep_overhead.py reads it.
+        info = {"trial_id": tune.get_context().get_trial_id(), "params": params}
+        (run_dir / TRIAL_FILE).write_text(json.dumps({**info, "started": time.time()}, indent=2))
+        run_training_job(
+            config,
+            output_dir=run_dir,
+            manifest=manifest,
+            callbacks=[EvaluationRelay(metric)],
+            cached_splits=cached_splits,
+        )
+
+    per_trial = {"CPU": TRIAL_DRIVER_CPUS}
+    return tune.with_resources(run_trial, per_trial)
+
+
+def _default_concurrency(loaded: LoadedSweep) -> int:
+    """Trials that fit at once: the cluster's CPUs (GPUs) over one trial's training workers,
+    leaving two CPUs for Ray Data; on a new local instance, this machine's cores."""
+    scaling = loaded.base_config.scaling
+    if scaling.use_gpu:
+        gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
+        return max(1, int(gpus // scaling.num_workers))
+    per_trial = scaling.num_workers * scaling.cpus_per_worker
+    if ray.is_initialized():
+        cpus = ray.cluster_resources().get("CPU", 1) - 2
+    else:
+        cpus = os.cpu_count() or 1
+    return max(1, int(cpus // per_trial))
+
+
+def _tuner(
+    loaded: LoadedSweep,
+    *,
+    out: Path,
+    manifest: Manifest,
+    concurrency: int,
+    restore: bool,
+) -> tune.Tuner:
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    sweep = loaded.sweep
+    trials_dir = out / TRIALS_DIR
+    if not verbose():
+        from ray.data import DataContext
+
+        # The cached splits carry this context into every trial: no per-operator bars there.
+        DataContext.get_current().enable_progress_bars = False
+    # Every trial reads the same images: decode them into the object store once, here (this
+    # driver owns the blocks and outlives the trials), instead of once per trial.
+    cached_splits = cache_splits(loaded.base_config.data, manifest=manifest)
+    trainable = _trainable(
+        loaded, trials_dir=trials_dir, manifest=manifest, cached_splits=cached_splits
+    )
+    if restore:
+        # Finished and failed trials stay as they are; interrupted ones run again and continue
+        # their own training run from its newest checkpoint.
+        return tune.Tuner.restore(
+            str(out / TUNE_DIR),
+            trainable=trainable,
+            resume_unfinished=True,
+            resume_errored=False,
+            restart_errored=False,
+        )
+    if sweep.search == "optuna":
+        try:
+            from ray.tune.search.optuna import OptunaSearch
+
+            search_alg = OptunaSearch(seed=sweep.seed)
+        except (ImportError, AssertionError):
+            raise UserInputError(
+                "search: optuna needs the optuna package: pip install 'raydiff[optuna]' "
+                "(or use search: random)"
+            ) from None
+    else:
+        # Tune's max_concurrent_trials only limits Searchers: this generator takes its own.
+        search_alg = BasicVariantGenerator(random_state=sweep.seed, max_concurrent=concurrency)
+    if sweep.scheduler.name == "asha":
+        scheduler: Any = ASHAScheduler(
+            time_attr="step",
+            max_t=loaded.max_steps,
+            grace_period=min(loaded.grace_period, loaded.max_steps),
+            reduction_factor=sweep.scheduler.reduction_factor,
+        )
+    else:
+        scheduler = FIFOScheduler()
+    dims = loaded.dimensions
+
+    numbers = TrialNumbers(out)
+
+    def dirname(trial: Any) -> str:
+        return trial_run_name(numbers(trial.trial_id), _display_values(dims, trial.config))
+
+    return tune.Tuner(
+        trainable,
+        param_space=_param_space(dims),
+        tune_config=tune.TuneConfig(
+            metric=sweep.metric,
+            mode=sweep.mode,
+            search_alg=search_alg,
+            scheduler=scheduler,
+            num_samples=sweep.num_samples,
+            max_concurrent_trials=None if sweep.search == "random" else concurrency,
+            trial_name_creator=dirname,
+            trial_dirname_creator=dirname,
+        ),
+        run_config=tune.RunConfig(
+            name=TUNE_DIR,
+            storage_path=str(out),
+            failure_config=tune.FailureConfig(max_failures=0),
+            callbacks=[
+                TrialLifecycle(
+                    trials_dir=trials_dir, metric=sweep.metric, max_steps=loaded.max_steps
+                )
+            ],
+            verbose=0,  # raydiff's own progress lines (TrialLifecycle) instead of Tune's tables
+        ),
+    )
+
+
+def start_sweep(
+    loaded: LoadedSweep,
+    *,
+    output_dir: str | Path,
+    manifest: Manifest | None = None,
+    address: str | None = None,
+) -> SweepOutcome:
+    """Run a new sweep into ``output_dir``; refuses a folder that already holds anything."""
+    out = Path(output_dir).expanduser().resolve()
+    if (out / SWEEP_FILE).is_file():
+        raise UserInputError(
+            f"--output {output_dir} holds a sweep already: continue it with `raydiff sweep "
+            f"--resume {output_dir}`, or choose another --output"
+        )
+    if out.exists() and any(out.iterdir()):
+        raise UserInputError(
+            f"--output {output_dir} is not empty and holds no sweep: choose a new folder "
+            f"(a sweep never writes into another run's files)"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    import yaml
+
+    # The sweep as run: the base config resolved now (a preset may change later) and every
+    # override, so that --resume rebuilds exactly the same trials.
+    (out / BASE_CONFIG_FILE).write_text(to_yaml(loaded.raw_base_config))
+    saved = {**loaded.source, "base": BASE_CONFIG_FILE, "set": loaded.all_overrides()}
+    (out / SWEEP_FILE).write_text(yaml.safe_dump(saved, sort_keys=False))
+    return _run(loaded, out=out, manifest=manifest, address=address, restore=False)
+
+
+def resume_sweep(output_dir: str | Path, *, address: str | None = None) -> SweepOutcome:
+    """Continue the sweep in ``output_dir`` (interrupted trials from their newest checkpoint)."""
+    out = Path(output_dir).expanduser().resolve()
+    if not (out / SWEEP_FILE).is_file():
+        raise UserInputError(
+            f"--resume {output_dir}: no sweep there ({SWEEP_FILE} missing); start one with "
+            f"`raydiff sweep --config SWEEP.yaml --output {output_dir}`"
+        )
+    loaded = load_sweep(out / SWEEP_FILE, manifest_for=load_manifest)
+    restore = tune.Tuner.can_restore(str(out / TUNE_DIR))
+    if not restore:
+        logger.warning("no Tune state in %s yet: starting its trials afresh", out / TUNE_DIR)
+    return _run(loaded, out=out, manifest=None, address=address, restore=restore)
+
+
+def _run(
+    loaded: LoadedSweep,
+    *,
+    out: Path,
+    manifest: Manifest | None,
+    address: str | None,
+    restore: bool,
+) -> SweepOutcome:
+    data = loaded.base_config.data
+    data.data_dir = absolute_uri(data.data_dir)  # trials run in other working directories
+    manifest = manifest or load_manifest(data.data_dir)
+    scaling = loaded.base_config.scaling
+    concurrency = loaded.sweep.max_concurrent_trials or _default_concurrency(loaded)
+    ensure_ray(
+        address=address,
+        num_workers=concurrency * scaling.num_workers,
+        cpus_per_worker=scaling.cpus_per_worker + TRIAL_DRIVER_CPUS / scaling.num_workers,
+    )
+    quiet_ray_console()
+    if not verbose():
+        # Tune's newer console output prints its experiment box and paths even at verbose=0;
+        # the older engine is silent at 0. raydiff prints its own lines and the table.
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    logger.info(
+        "sweep %s: %s, %d sample(s), up to %d trial(s) at once, %d worker(s) each",
+        out,
+        ", ".join(f"{d.key} {d.kind} {list(d.values)}" for d in loaded.dimensions),
+        loaded.sweep.num_samples,
+        concurrency,
+        scaling.num_workers,
+    )
+    tuner = _tuner(loaded, out=out, manifest=manifest, concurrency=concurrency, restore=restore)
+    grid = tuner.fit()
+    # After Ctrl-C Tune stops the running trials and marks them terminated in memory, as if
+    # they had finished; the state it saved for --resume still says which had not.
+    saved = {
+        Path(t.path).name: t.status for t in tune.ExperimentAnalysis(str(out / TUNE_DIR)).trials
+    }
+    unfinished = {name for name, status in saved.items() if status not in ("TERMINATED", "ERROR")}
+    interrupted = bool(unfinished)
+    rows = [_row(loaded, out=out, result=result, unfinished=unfinished) for result in grid]
+    from raydiff.orchestrate.sampler_actor import kill_actor
+
+    for row in rows:  # trials stopped by Ctrl-C never reach TrialLifecycle's clean-up
+        kill_actor(sampler_actor_key(Path(row.run_dir)))
+    rows.sort(key=lambda r: r.trial)
+    metric, mode = loaded.sweep.metric, loaded.sweep.mode
+    table = format_table(rows, metric=metric, mode=mode)
+    outcome = SweepOutcome(
+        rows=rows,
+        table=table,
+        interrupted=interrupted,
+        results_csv=None,
+        best_config=None,
+        best_checkpoint=None,
+        tensorboard_dir=out / TRIALS_DIR,
+    )
+    if interrupted:
+        return outcome
+    outcome.results_csv = write_csv(rows, out / "results.csv", metric=metric)
+    best = best_row(rows, metric=metric, mode=mode)
+    if best is not None:
+        outcome.best_config = write_best_config(best, out / "best_config.yaml")
+        outcome.best_checkpoint = best.checkpoint or None
+    return outcome
+
+
+def _row(loaded: LoadedSweep, *, out: Path, result: Any, unfinished: set[str]) -> TrialRow:
+    name = Path(result.path).name
+    run_dir = out / TRIALS_DIR / name
+    metrics = dict(result.metrics or {})
+    step = metrics.get("step")
+    numbers = {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and k in REPORTED_METRICS
+    }
+    checkpoint = latest_checkpoint(run_dir)
+    seed = None
+    config_file = run_dir / "config.json"
+    if config_file.is_file():
+        seed = json.loads(config_file.read_text())["train"]["seed"]
+    return TrialRow(
+        trial=name,
+        values=_display_values(loaded.dimensions, dict(result.config or {})),
+        seed=seed,
+        status="interrupted"
+        if name in unfinished
+        else trial_status(error=result.error, step=step, max_steps=loaded.max_steps),
+        step=step,
+        metrics=numbers,
+        checkpoint=str(checkpoint) if checkpoint else "",
+        run_dir=str(run_dir),
+    )
+
+
+REPORTED_METRICS = ("val_bpd", "val_mse", "loss", "mse", "vb", "grad_norm", "images_per_s", "epoch")
+"""The training loop's metrics that a results row keeps (Tune adds bookkeeping of its own)."""

@@ -1,0 +1,162 @@
+"""A finished sweep's results: the table, ``results.csv`` and ``best_config.yaml``. No Ray here."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raydiff.config import ExperimentConfig, from_dict, to_yaml
+from raydiff.sweep.spec import Mode
+
+METRIC_COLUMNS = ("val_bpd", "val_mse", "loss")
+"""Final metrics every row shows (the objective is added when it is another one)."""
+
+
+@dataclass(kw_only=True)
+class TrialRow:
+    """One trial as the results list it."""
+
+    trial: str
+    """The trial's folder name under ``trials/`` (its number and swept values)."""
+    values: dict[str, Any]
+    """Swept field (as the sweep file names it) -> the value this trial drew."""
+    seed: int | None
+    """The trial's ``train.seed``."""
+    status: str
+    """``finished`` (ran to max_steps), ``stopped early`` (by the scheduler) or ``failed: ...``."""
+    step: int | None
+    """The last step the trial reported metrics at."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Its last reported metrics."""
+    checkpoint: str = ""
+    """Its newest complete checkpoint ('' when it wrote none)."""
+    run_dir: str = ""
+    """Its training run folder (config.json, samples, tensorboard, checkpoints)."""
+
+
+def trial_status(*, error: BaseException | str | None, step: int | None, max_steps: int) -> str:
+    """What became of a trial: failed (with the error's first line), finished or stopped early."""
+    if error is not None:
+        text = str(error).strip().splitlines()
+        return f"failed: {_error_line(text)}"
+    return "finished" if step is not None and step >= max_steps else "stopped early"
+
+
+def _error_line(lines: list[str]) -> str:
+    # Ray wraps a trial's exception in several layers; the last non-empty line is its message.
+    meaningful = [line.strip() for line in lines if line.strip()]
+    return (meaningful[-1] if meaningful else "unknown error")[:200]
+
+
+def best_row(rows: Sequence[TrialRow], *, metric: str, mode: Mode) -> TrialRow | None:
+    """The trial with the best final ``metric`` among those that reported it (None if none)."""
+    scored = [
+        r for r in rows if _finite(r.metrics.get(metric)) and not r.status.startswith("failed")
+    ]
+    if not scored:
+        return None
+    pick = min if mode == "min" else max
+    return pick(scored, key=lambda r: r.metrics[metric])
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _columns(rows: Sequence[TrialRow], metric: str) -> tuple[list[str], list[str]]:
+    keys = list(dict.fromkeys(k for r in rows for k in r.values))
+    metrics = list(dict.fromkeys([metric, *METRIC_COLUMNS]))
+    return keys, metrics
+
+
+def format_table(rows: Sequence[TrialRow], *, metric: str, mode: Mode) -> str:
+    """A plain-text table: trial, every swept value, final metrics, steps, status; best marked."""
+    keys, metrics = _columns(rows, metric)
+    best = best_row(rows, metric=metric, mode=mode)
+    header = ["trial", *keys, *metrics, "steps", "status"]
+    lines = [header]
+    for row in rows:
+        mark = " *" if row is best else ""
+        lines.append(
+            [
+                row.trial.partition("_")[0] + mark,
+                *(_show(row.values.get(k)) for k in keys),
+                *(_show(row.metrics.get(m)) for m in metrics),
+                _show(row.step),
+                row.status,
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    text = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    ]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    if best is not None:
+        text.append(f"* best {metric} ({mode}): {best.trial}")
+    return "\n".join(text)
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def write_csv(rows: Sequence[TrialRow], path: Path, *, metric: str) -> Path:
+    """``results.csv``: one line per trial, every swept value and final metric as a column."""
+    keys, metrics = _columns(rows, metric)
+    extra = sorted({m for r in rows for m in r.metrics} - set(metrics))
+    header = ["trial", *keys, "seed", "status", "steps", *metrics, *extra, "checkpoint", "run_dir"]
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for r in rows:
+            writer.writerow(
+                [
+                    r.trial,
+                    *(r.values.get(k, "") for k in keys),
+                    "" if r.seed is None else r.seed,
+                    r.status,
+                    "" if r.step is None else r.step,
+                    *(r.metrics.get(m, "") for m in [*metrics, *extra]),
+                    r.checkpoint,
+                    r.run_dir,
+                ]
+            )
+    tmp.replace(path)
+    return path
+
+
+def read_run_config(run_dir: Path) -> ExperimentConfig | None:
+    """The resolved config a training run saved (``config.json``), or None if it has none yet."""
+    file = run_dir / "config.json"
+    if not file.is_file():
+        return None
+    data = json.loads(file.read_text())
+    return from_dict(ExperimentConfig, data)
+
+
+def write_best_config(row: TrialRow, path: Path) -> Path | None:
+    """``best_config.yaml``: the best trial's full training config, as ``raydiff train
+    --config`` takes it (None when its run left no config)."""
+    config = read_run_config(Path(row.run_dir))
+    if config is None:
+        return None
+    values = ", ".join(f"{k}={_show(v)}" for k, v in row.values.items())
+    header = (
+        f"# The best trial of this sweep ({row.trial}: {values}).\n"
+        f"# Train it on: raydiff train --config {path} --output DIR [--max-steps N]\n"
+    )
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(header + to_yaml(config))
+    tmp.replace(path)
+    return path

@@ -1,0 +1,420 @@
+"""Sweep files: a base training config, overrides for every trial, and a search space.
+
+A sweep file (YAML)::
+
+    base: demo                  # a preset's name or a training config file
+    set:                        # overrides of the base config for every trial (as --set)
+      max_steps: 300
+      num_workers: 1            # Ray Train workers per trial
+    search_space:               # any config field, bare or section.field, as --set takes it
+      noise_schedule: {choice: [linear, cosine]}
+      lr: {loguniform: [3.0e-4, 3.0e-3]}
+    num_samples: 4              # trials (times each grid combination)
+    max_concurrent_trials: 0    # 0: as many as the CPUs (GPUs) hold
+    search: random              # random | optuna (TPE; pip install 'raydiff[optuna]')
+    metric: val_bpd             # what ASHA and "best" look at
+    mode: min
+    scheduler: {name: asha, grace_period: 100, reduction_factor: 2}
+    seed: 0                     # the search's seed; trial seeds derive from it
+
+Everything here is checked before any trial starts (:func:`load_sweep`), including that every
+trial the space can produce is a valid training config. No Ray here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from raydiff.config import (
+    PRESETS_DIR,
+    SWEEP_PREFIX,
+    ExperimentConfig,
+    apply_overrides,
+    field_type,
+    load_config,
+    resolve_config_path,
+    resolve_field,
+)
+from raydiff.data.manifest import Manifest
+from raydiff.errors import ConfigError, UserInputError
+from raydiff.seeding import derive_seed
+from raydiff.train.preflight import check_run, fit_to_data
+
+SearchKind = Literal["choice", "grid", "uniform", "loguniform", "randint"]
+SearchAlgorithm = Literal["random", "optuna"]
+SchedulerName = Literal["asha", "none"]
+Mode = Literal["min", "max"]
+
+OBJECTIVES = ("val_bpd", "val_mse", "loss", "mse", "vb")
+"""Metrics the training loop reports that a sweep can optimise: validation bits/dim and MSE
+(every ``eval_interval`` steps), and the training loss terms (every ``log_interval`` steps)."""
+
+MAX_CHECKED_TRIALS = 4096
+"""Combinations checked before a sweep starts; larger spaces are checked one field at a time."""
+
+
+def _fail(name: str, value: Any, reason: str) -> ConfigError:
+    return ConfigError(section="sweep", field=name, value=value, reason=reason)
+
+
+@dataclass(kw_only=True, frozen=True)
+class SearchDimension:
+    """One swept field: ``key`` as written, ``section.field`` it sets, how values are drawn."""
+
+    key: str
+    """The name as the sweep file writes it (``lr`` or ``optim.lr``): results use it."""
+    field: str
+    """The config field it sets, as ``section.field``."""
+    kind: SearchKind
+    """choice / grid: one of ``values``; uniform / loguniform: a float in [low, high];
+    randint: an integer in [low, high) (Ray Tune's convention)."""
+    values: tuple[Any, ...]
+    """choice / grid: the values; uniform / loguniform / randint: ``(low, high)``."""
+
+    def values_to_check(self) -> tuple[Any, ...]:
+        """Values whose trials must be valid configs: every listed value, or both bounds."""
+        if self.kind in ("choice", "grid"):
+            return self.values
+        low, high = self.values
+        return (low, high - 1) if self.kind == "randint" else (low, high)
+
+
+@dataclass(kw_only=True)
+class SchedulerConfig:
+    """Early stopping: ASHA on the sweep's metric, or none (every trial runs to the end)."""
+
+    name: SchedulerName = "asha"
+    """``asha`` (asynchronous successive halving) or ``none``."""
+    grace_period: int = 0
+    """Steps every trial trains before it can be stopped (0: the base config's eval_interval)."""
+    reduction_factor: float = 2.0
+    """At each rung only the best 1/reduction_factor of trials go on."""
+
+    def __post_init__(self) -> None:
+        if self.name not in get_args(SchedulerName):
+            raise _fail("scheduler.name", self.name, f"valid: {', '.join(get_args(SchedulerName))}")
+        if self.grace_period < 0:
+            raise _fail("scheduler.grace_period", self.grace_period, "must be >= 1 (0: default)")
+        if not self.reduction_factor > 1:
+            raise _fail("scheduler.reduction_factor", self.reduction_factor, "must be > 1")
+
+
+@dataclass(kw_only=True)
+class SweepConfig:
+    """A sweep: which training config, which fields vary, how trials are searched and stopped."""
+
+    base: str = "demo"
+    """The training config every trial starts from: a preset's name or a YAML file."""
+    set: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the base config for every trial (``--set`` adds to them)."""
+    search_space: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Field -> ``{choice|grid|uniform|loguniform|randint: values}``."""
+    num_samples: int = 1
+    """Trials to draw (with grid dimensions: repeats of every grid combination)."""
+    max_concurrent_trials: int = 0
+    """Trials running at once (0: as many as the cluster's CPUs, or GPUs, hold)."""
+    search: SearchAlgorithm = "random"
+    """``random`` (random and grid search) or ``optuna`` (Optuna's TPE)."""
+    metric: str = "val_bpd"
+    """The objective: one of :data:`OBJECTIVES`."""
+    mode: Mode = "min"
+    """Minimise or maximise the objective."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """Early stopping."""
+    seed: int = 0
+    """Seed of the search; trial seeds derive from it unless the sweep sets or sweeps one."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.scheduler, Mapping):
+            self.scheduler = _build(SchedulerConfig, self.scheduler, "scheduler")
+        if not isinstance(self.set, Mapping):
+            raise _fail("set", self.set, "expected a mapping of field: value")
+        if not isinstance(self.search_space, Mapping) or not self.search_space:
+            raise _fail(
+                "search_space",
+                self.search_space,
+                "expected a mapping of field: {choice: [...]} (or grid, uniform, loguniform, "
+                "randint) with at least one field",
+            )
+        if self.num_samples < 1:
+            raise _fail("num_samples", self.num_samples, "must be >= 1")
+        if self.max_concurrent_trials < 0:
+            raise _fail("max_concurrent_trials", self.max_concurrent_trials, "must be >= 0")
+        if self.search not in get_args(SearchAlgorithm):
+            raise _fail("search", self.search, f"valid: {', '.join(get_args(SearchAlgorithm))}")
+        if self.metric not in OBJECTIVES:
+            raise _fail("metric", self.metric, f"valid: {', '.join(OBJECTIVES)}")
+        if self.mode not in get_args(Mode):
+            raise _fail("mode", self.mode, "valid: min, max")
+        if self.seed < 0:
+            raise _fail("seed", self.seed, "must be >= 0")
+        dims = self.dimensions()
+        if self.search == "optuna" and any(d.kind == "grid" for d in dims):
+            grid = next(d.key for d in dims if d.kind == "grid")
+            raise _fail(
+                f"search_space.{grid}",
+                "grid",
+                "Optuna's TPE does not take grid dimensions: use choice, or search: random",
+            )
+
+    def dimensions(self) -> tuple[SearchDimension, ...]:
+        """The search space, each field resolved and its values checked."""
+        return tuple(_dimension(key, spec) for key, spec in self.search_space.items())
+
+    def set_items(self) -> list[str]:
+        """``set`` as ``--set`` items."""
+        return [f"{key}={_as_override(value)}" for key, value in self.set.items()]
+
+
+def _build(cls: type, data: Mapping[str, Any], section: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise UserInputError(
+            f"unknown sweep {section} key(s) {unknown}; valid: {', '.join(sorted(names))}"
+        )
+    return cls(**data)
+
+
+def _dimension(key: str, spec: Any) -> SearchDimension:
+    section, name = resolve_field(str(key))
+    where = f"search_space.{key}"
+    kinds = get_args(SearchKind)
+    if not isinstance(spec, Mapping) or len(spec) != 1 or next(iter(spec)) not in kinds:
+        raise _fail(
+            where,
+            spec,
+            f"expected one of {{{': [...]}, {'.join(kinds)}: [...]}} (e.g. {{choice: [a, b]}} "
+            f"or {{loguniform: [1.0e-4, 1.0e-3]}})",
+        )
+    kind, values = next(iter(spec.items()))
+    if not isinstance(values, list | tuple):
+        raise _fail(where, spec, f"{kind} takes a list")
+    values = tuple(values)
+    hint = field_type(section, name)
+    if kind in ("choice", "grid"):
+        if not values:
+            raise _fail(where, spec, f"an empty {kind}: list at least one value")
+        if len(set(map(repr, values))) != len(values):
+            raise _fail(where, spec, f"{kind} lists a value twice")
+    else:
+        if len(values) != 2 or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in values
+        ):
+            raise _fail(where, spec, f"{kind} takes two numbers: [low, high]")
+        low, high = values
+        if not low < high:
+            raise _fail(where, spec, f"{kind} needs low < high")
+        if kind == "loguniform" and low <= 0:
+            raise _fail(where, spec, "loguniform bounds must be > 0 (it samples log(value))")
+        if kind == "randint":
+            if hint is not int:
+                raise _fail(where, spec, f"randint draws integers; {section}.{name} is not one")
+            if not (float(low).is_integer() and float(high).is_integer()):
+                raise _fail(where, spec, "randint bounds must be integers")
+            values = (int(low), int(high))
+        elif hint is not float:
+            raise _fail(
+                where,
+                spec,
+                f"{kind} draws real numbers; {section}.{name} is not a float field "
+                f"(use choice, or randint for an integer field)",
+            )
+    return SearchDimension(key=str(key), field=f"{section}.{name}", kind=kind, values=values)
+
+
+def _as_override(value: Any) -> str:
+    """A value as ``--set`` text (YAML lists become '1,2,2'; floats keep full precision)."""
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+@dataclass(kw_only=True)
+class LoadedSweep:
+    """A checked sweep: its settings, the base config every trial starts from, its dimensions."""
+
+    sweep: SweepConfig
+    source: dict[str, Any]
+    """The sweep file's mapping as read."""
+    overrides: list[str]
+    """``--set`` items given besides the file's ``set``."""
+    raw_base_config: ExperimentConfig
+    """The base config as its file or preset gives it (no overrides)."""
+    base_config: ExperimentConfig
+    """What every trial starts from: the base with every override, fitted to the data."""
+    dimensions: tuple[SearchDimension, ...]
+    seed_is_fixed: bool
+    """The sweep sets or sweeps ``train.seed``: trials do not get seeds of their own."""
+
+    def all_overrides(self) -> dict[str, str]:
+        """The file's ``set`` and the ``--set`` items together (later ones win), as a mapping."""
+        items = self.sweep.set_items() + self.overrides
+        return {key.strip(): value.strip() for key, _, value in (i.partition("=") for i in items)}
+
+    @property
+    def max_steps(self) -> int:
+        return self.base_config.train.max_steps
+
+    @property
+    def grace_period(self) -> int:
+        """ASHA's grace period in steps (the default: the first evaluation)."""
+        train = self.base_config.train
+        return self.sweep.scheduler.grace_period or train.eval_interval or train.max_steps
+
+    def trial_config(self, params: Mapping[str, Any], *, trial_number: int) -> ExperimentConfig:
+        """The training config of the trial that drew ``params`` (``section.field`` -> value)."""
+        items = [f"{name}={_as_override(value)}" for name, value in params.items()]
+        if not self.seed_is_fixed:
+            items.append(f"train.seed={trial_seed(self.sweep.seed, trial_number)}")
+        config = apply_overrides(self.base_config, items)
+        config.train.per_worker_batch(config.scaling.num_workers)
+        return config
+
+
+def trial_seed(sweep_seed: int, trial_number: int) -> int:
+    """Trial ``trial_number``'s training seed: distinct per trial, reproducible per sweep."""
+    return derive_seed(sweep_seed, "trial", trial_number, bits=31)
+
+
+def parse_sweep(data: Any, *, source: str = "sweep file") -> SweepConfig:
+    """A :class:`SweepConfig` from the sweep file's mapping, unknown keys refused."""
+    if not isinstance(data, Mapping):
+        raise UserInputError(f"{source} must hold a mapping of sweep settings")
+    return _build(SweepConfig, data, "file")
+
+
+def load_sweep(
+    path_or_data: str | Path | Mapping[str, Any],
+    *,
+    overrides: list[str] | None = None,
+    manifest_for: Callable[[str], Manifest] | None = None,
+) -> LoadedSweep:
+    """Read and check a sweep file (or its mapping) plus ``--set`` overrides for every trial.
+
+    Refuses, before any trial could start: unknown fields, malformed distributions, a field both
+    set and swept, and any combination of values (bounds for ranges) that is not a valid
+    training config (e.g. a batch that does not split over the workers). ``manifest_for``
+    (data_dir -> the dataset's manifest) fits the base config to the data, as ``raydiff train``
+    does, and checks every trial against it too.
+    """
+    import yaml
+
+    base_dir = Path.cwd()
+    if isinstance(path_or_data, Mapping):
+        data, source = dict(path_or_data), "sweep"
+    else:
+        file = _sweep_path(str(path_or_data))
+        try:
+            data = yaml.safe_load(file.read_text())
+        except yaml.YAMLError as err:
+            detail = " ".join(str(err).split())
+            raise UserInputError(f"sweep file {str(file)!r} is not valid YAML: {detail}") from None
+        source, base_dir = f"sweep file {str(file)!r}", file.parent
+    sweep = parse_sweep(data, source=source)
+    dimensions = sweep.dimensions()
+    set_items = sweep.set_items() + list(overrides or [])
+    set_fields = {".".join(resolve_field(item.partition("=")[0])) for item in set_items}
+    for dim in dimensions:
+        if dim.field in set_fields:
+            raise _fail(
+                f"search_space.{dim.key}",
+                dict([(dim.kind, list(dim.values))]),
+                f"{dim.field} is also set for every trial (set: / --set): sweep it or set it",
+            )
+    fields = [d.field for d in dimensions]
+    if len(set(fields)) != len(fields):
+        twice = next(f for f in fields if fields.count(f) > 1)
+        raise _fail("search_space", twice, "names one field twice")
+    base = _base_path(sweep.base, base_dir)
+    raw_base_config = load_config(base)
+    base_config = load_config(base, set_items)
+    manifest = manifest_for(base_config.data.data_dir) if manifest_for else None
+    if manifest is not None:
+        base_config = fit_to_data(
+            base_config, manifest, keep_channels="model.in_channels" in set_fields
+        )
+    loaded = LoadedSweep(
+        sweep=sweep,
+        source=dict(data),
+        overrides=list(overrides or []),
+        raw_base_config=raw_base_config,
+        base_config=base_config,
+        dimensions=dimensions,
+        seed_is_fixed="train.seed" in set_fields or "train.seed" in fields,
+    )
+    check_trials(loaded, manifest=manifest)
+    return loaded
+
+
+def _sweep_path(path_or_name: str) -> Path:
+    """A sweep file's path, or a shipped one's by name (``sweep_demo``)."""
+    file = Path(path_or_name)
+    if file.is_file():
+        return file
+    shipped = PRESETS_DIR / f"{path_or_name.removesuffix('.yaml')}.yaml"
+    if "/" not in path_or_name and path_or_name.startswith(SWEEP_PREFIX) and shipped.is_file():
+        return shipped
+    names = sorted(p.stem for p in PRESETS_DIR.glob(f"{SWEEP_PREFIX}*.yaml"))
+    raise FileNotFoundError(
+        f"sweep file {path_or_name!r} does not exist (shipped sweeps by name: {', '.join(names)})"
+    )
+
+
+def _base_path(base: str, base_dir: Path) -> str:
+    """A base given as a file next to the sweep file is found there; presets by name."""
+    beside = base_dir / base
+    if not Path(base).is_file() and beside.is_file():
+        return str(beside)
+    resolve_config_path(base)  # a clear error when it is neither
+    return base
+
+
+def check_trials(loaded: LoadedSweep, *, manifest: Manifest | None = None) -> None:
+    """Build the config of every combination of values (range bounds for ranges) and refuse
+    the sweep, naming the values, if one of them is not a valid training config (or, given the
+    dataset's ``manifest``, could not train on it)."""
+    dims = loaded.dimensions
+    combos = math.prod(len(d.values_to_check()) for d in dims)
+    if combos <= MAX_CHECKED_TRIALS:
+        candidates = (
+            dict(zip([d.field for d in dims], values, strict=True))
+            for values in itertools.product(*(d.values_to_check() for d in dims))
+        )
+    else:  # too many to build: each value against the first of every other field
+        first = {d.field: d.values_to_check()[0] for d in dims}
+        candidates = ({**first, d.field: value} for d in dims for value in d.values_to_check())
+    keys = {d.field: d.key for d in dims}
+    for params in candidates:
+        try:
+            config = loaded.trial_config(params, trial_number=0)
+            if manifest is not None:
+                check_run(config, manifest=manifest)
+        except UserInputError as error:
+            drawn = ", ".join(f"{keys[f]}={v}" for f, v in params.items())
+            raise UserInputError(
+                f"the search space holds invalid trials: with {drawn}: {error}"
+            ) from None
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def trial_run_name(trial_number: int, values: Mapping[str, Any]) -> str:
+    """A trial's folder name: its number and its swept values (``t0003_noise_schedule-cosine_
+    lr-0.00123``), so TensorBoard's run list says what each curve is. Only letters, digits and
+    ``_.-`` (a Ray Train run name)."""
+    parts = [f"t{trial_number:04d}"]
+    for key, value in values.items():
+        shown = f"{value:.3g}" if isinstance(value, float) else str(value)
+        parts.append(_UNSAFE.sub("-", f"{key.rpartition('.')[2]}-{shown}"))
+    return "_".join(parts)[:150]

@@ -1,0 +1,262 @@
+"""Ray Tune sweeps on the shared local cluster: tiny models, tiny real shards.
+
+A 4-trial sweep runs to the end with ASHA stopping at least one trial early and its results files
+list exactly the trials that ran; a failing trial is marked failed while the sweep goes on; a
+sweep interrupted with Ctrl-C continues with ``--resume`` without re-running finished trials.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_base(tmp_path: Path, data_dir: Path) -> Path:
+    """A tiny training config (16x16x1, one Ray Train worker per trial)."""
+    base = {
+        "model": {
+            "image_size": 16,
+            "in_channels": 1,
+            "num_channels": 32,
+            "channel_mult": "1,2",
+            "num_res_blocks": 1,
+            "attention_resolutions": "8",
+        },
+        "diffusion": {"diffusion_steps": 100, "noise_schedule": "cosine"},
+        "optim": {"lr": 1e-3, "ema_rate": "0.5"},
+        "train": {
+            "batch_size": 8,
+            "max_steps": 16,
+            "log_interval": 4,
+            "save_interval": 4,
+            "eval_interval": 4,
+            "eval_num_images": 16,
+            "eval_timesteps": 4,
+            "sample_count": 4,
+            "sample_steps": 4,
+        },
+        "data": {"data_dir": str(data_dir)},
+        "scaling": {"num_workers": 1, "cpus_per_worker": 0.5, "max_failures": 0},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(base))
+    return path
+
+
+def write_sweep(tmp_path: Path, **sweep: object) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+def read_results(out: Path) -> list[dict[str, str]]:
+    with (out / "results.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_asha_stops_a_bad_trial_and_the_results_list_every_trial(
+    ray_cluster, tiny_dataset, tmp_path
+):
+    from raydiff.config import load_config
+    from raydiff.orchestrate.sweep import start_sweep
+    from raydiff.sweep.spec import load_sweep
+
+    base = write_base(tmp_path, tiny_dataset.path)
+    # lr 1e-7 learns nothing in 8 steps, lr 3e-3 does: one seed for all trials, so validation
+    # noise is the same and only the weights differ.
+    sweep = write_sweep(
+        tmp_path,
+        base=str(base),
+        set={"seed": 0},
+        search_space={"lr": {"grid": [1e-7, 3e-3]}},
+        num_samples=2,
+        max_concurrent_trials=2,
+        scheduler={"name": "asha", "grace_period": 8, "reduction_factor": 2},
+    )
+    out = tmp_path / "sweep_out"
+    outcome = start_sweep(load_sweep(sweep), output_dir=out)
+    print(outcome.table)
+
+    assert not outcome.interrupted
+    rows = read_results(out)
+    trial_dirs = sorted(p.name for p in (out / "trials").iterdir())
+    assert [r["trial"] for r in rows] == trial_dirs and len(rows) == 4
+    assert sorted(float(r["lr"]) for r in rows) == [1e-7, 1e-7, 3e-3, 3e-3]
+    statuses = [r["status"] for r in rows]
+    assert "stopped early" in statuses, statuses
+    assert statuses.count("finished") >= 1
+    for row in rows:
+        assert row["status"] in ("finished", "stopped early")
+        steps = int(row["steps"])
+        assert steps == 16 if row["status"] == "finished" else 8 <= steps < 16
+        assert float(row["val_bpd"]) > 0 and float(row["loss"]) > 0
+        # Every trial keeps its last checkpoint and its TensorBoard events.
+        assert Path(row["checkpoint"]).is_dir()
+        assert list((Path(row["run_dir"]) / "tensorboard").glob("events.out.tfevents.*"))
+    stopped = [r for r in rows if r["status"] == "stopped early"]
+    assert all(float(r["lr"]) == 1e-7 for r in stopped)
+
+    best = min(rows, key=lambda r: float(r["val_bpd"]))
+    assert float(best["lr"]) == 3e-3
+    config = load_config(str(out / "best_config.yaml"))  # `raydiff train --config` takes it
+    assert config.optim.lr == 3e-3 and config.train.max_steps == 16
+    assert outcome.best_checkpoint == best["checkpoint"]
+    assert "*" in outcome.table and "stopped early" in outcome.table
+    _assert_nothing_left_behind()
+
+
+def _assert_nothing_left_behind() -> None:
+    """Trials stopped early leave no placement group or loss-history actor holding resources."""
+    import ray
+    from ray.util import placement_group_table
+
+    deadline = time.monotonic() + 30
+    while True:
+        live = [pg for pg in placement_group_table().values() if pg["state"] != "REMOVED"]
+        actors = [
+            n for n in ray.util.list_named_actors(all_namespaces=True) if "loss-history" in str(n)
+        ]
+        if not live and not actors:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"left behind: placement groups {live}, actors {actors}")
+        time.sleep(1)
+
+
+def test_a_failing_trial_is_marked_failed_and_the_sweep_goes_on(
+    ray_cluster, tiny_dataset, tmp_path
+):
+    from raydiff.orchestrate.sweep import start_sweep
+    from raydiff.sweep.spec import load_sweep
+
+    base = write_base(tmp_path, tiny_dataset.path)
+    # fp16 from a loss scale far too large: every step overflows, the scale halves below
+    # min_loss_scale at the second step and the run stops with an error. fp32 has no loss scale.
+    sweep = write_sweep(
+        tmp_path,
+        base=str(base),
+        set={"max_steps": 8, "initial_loss_scale": 1e38, "min_loss_scale": 3e37},
+        search_space={"precision": {"grid": ["fp16", "fp32"]}},
+        max_concurrent_trials=2,
+        scheduler={"name": "none"},
+    )
+    out = tmp_path / "sweep_out"
+    outcome = start_sweep(load_sweep(sweep), output_dir=out)
+    print(outcome.table)
+    rows = {r["precision"]: r for r in read_results(out)}
+    assert rows["fp16"]["status"].startswith("failed: "), rows["fp16"]
+    assert "loss scale" in rows["fp16"]["status"]
+    assert rows["fp32"]["status"] == "finished" and int(rows["fp32"]["steps"]) == 8
+    assert yaml.safe_load((out / "best_config.yaml").read_text())["train"]["precision"] == "fp32"
+    _assert_nothing_left_behind()
+
+
+def _sweep_cli(*args: str) -> subprocess.Popen:
+    """``raydiff sweep ARGS`` as a user runs it, on the test cluster."""
+    import ray
+
+    env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
+    return subprocess.Popen(
+        [sys.executable, "-m", "raydiff.cli", "sweep", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_for(condition, *, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def test_an_interrupted_sweep_resumes_without_rerunning_finished_trials(
+    ray_cluster, tiny_dataset, tmp_path
+):
+    base = write_base(tmp_path, tiny_dataset.path)
+    sweep = write_sweep(
+        tmp_path,
+        base=str(base),
+        set={"max_steps": 24},
+        search_space={"lr": {"grid": [1e-3, 2e-3]}},
+        max_concurrent_trials=1,
+        scheduler={"name": "none"},
+    )
+    out = tmp_path / "sweep_out"
+    first = _sweep_cli("--config", str(sweep), "--output", str(out))
+    trials = out / "trials"
+
+    def checkpoints(trial_prefix: str) -> list[Path]:
+        return sorted(trials.glob(f"{trial_prefix}_*/checkpoint_0*/files.json"))
+
+    try:
+        # Interrupted while the second trial trains (the first has finished).
+        _wait_for(lambda: checkpoints("t0001"), timeout=240, what="the second trial's checkpoint")
+        finished = checkpoints("t0000")
+        assert finished and finished[-1].parent.name == "checkpoint_000024"
+        finished_mtime = finished[-1].stat().st_mtime_ns
+        first.send_signal(signal.SIGINT)
+        output, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    print(output)
+    assert first.returncode == 130, output
+    assert f"raydiff sweep --resume {out}" in output
+    assert not (out / "results.csv").exists()
+    assert "interrupted" in output
+
+    again = _sweep_cli("--resume", str(out))
+    output, _ = again.communicate(timeout=300)
+    print(output)
+    assert again.returncode == 0, output
+    rows = read_results(out)
+    assert [r["status"] for r in rows] == ["finished", "finished"]
+    assert [int(r["steps"]) for r in rows] == [24, 24]
+    # The finished trial did not run again; the interrupted one continued its own run.
+    assert checkpoints("t0000")[-1].stat().st_mtime_ns == finished_mtime
+    assert "trial t0000_lr-0.001 started" not in output
+    assert "continuing from" in output or "resumed from" in output
+
+    refused = _sweep_cli("--config", str(sweep), "--output", str(out))
+    output, _ = refused.communicate(timeout=120)
+    assert refused.returncode == 1 and "holds a sweep already" in output
+
+
+def test_optuna_tpe_draws_trials_within_the_space(ray_cluster, tiny_dataset, tmp_path):
+    pytest.importorskip("optuna")
+    from raydiff.orchestrate.sweep import start_sweep
+    from raydiff.sweep.spec import load_sweep
+
+    base = write_base(tmp_path, tiny_dataset.path)
+    sweep = write_sweep(
+        tmp_path,
+        base=str(base),
+        set={"max_steps": 4},
+        search_space={"lr": {"loguniform": [1e-4, 1e-2]}, "num_res_blocks": {"randint": [1, 3]}},
+        search="optuna",
+        num_samples=2,
+        max_concurrent_trials=2,
+        scheduler={"name": "none"},
+    )
+    out = tmp_path / "sweep_out"
+    start_sweep(load_sweep(sweep), output_dir=out)
+    rows = read_results(out)
+    assert len(rows) == 2 and all(r["status"] == "finished" for r in rows)
+    assert all(1e-4 <= float(r["lr"]) <= 1e-2 and r["num_res_blocks"] in ("1", "2") for r in rows)
