@@ -259,4 +259,6 @@ def test_optuna_tpe_draws_trials_within_the_space(ray_cluster, tiny_dataset, tmp
     start_sweep(load_sweep(sweep), output_dir=out)
     rows = read_results(out)
     assert len(rows) == 2 and all(r["status"] == "finished" for r in rows)
+    # Optuna's trial ids are random: the numbers come from the sweep's own counter.
+    assert [r["trial"][:6] for r in rows] == ["t0000_", "t0001_"]
     assert all(1e-4 <= float(r["lr"]) <= 1e-2 and r["num_res_blocks"] in ("1", "2") for r in rows)
