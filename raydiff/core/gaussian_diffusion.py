@@ -8,7 +8,8 @@ gathered at ``t``; all tensor math runs in float32 (or the inputs' dtype).
 Differences from the reference that do not change any number:
 - the float32 coefficient tables are built once per device instead of at every gather;
 - samplers accept an optional ``generator`` for reproducible noise without touching the global RNG
-  (when it is ``None`` they draw exactly as the reference does, from the global torch RNG);
+  (when it is ``None`` they draw exactly as the reference does, from the global torch RNG), or
+  one generator per batch row, so that a sample does not depend on the batch it is drawn in;
 - user errors raise ``ValueError`` naming the bad value.
 """
 
@@ -28,6 +29,10 @@ Model = Callable[..., torch.Tensor]
 CondFn = Callable[..., torch.Tensor]
 """``cond_fn(x_t, t, **model_kwargs)`` returns grad_x log p(y | x_t) (classifier guidance)."""
 DenoisedFn = Callable[[torch.Tensor], torch.Tensor]
+NoiseGenerator = torch.Generator | Sequence[torch.Generator]
+"""Where a sampler's noise comes from: one generator for the whole batch, or one per batch row
+(row b's noise then depends only on generator b, so a sample does not change with the batch it
+is computed in: what distributed sampling needs)."""
 
 
 class ModelMeanType(enum.Enum):
@@ -390,7 +395,7 @@ class GaussianDiffusion:
         cond_fn: CondFn | None = None,
         model_kwargs: dict[str, Any] | None = None,
         *,
-        generator: torch.Generator | None = None,
+        generator: NoiseGenerator | None = None,
     ) -> dict[str, torch.Tensor]:
         """Sample x_{t-1} ~ p(x_{t-1} | x_t); no noise is added where t == 0.
 
@@ -423,7 +428,7 @@ class GaussianDiffusion:
         device: torch.device | str | None = None,
         progress: bool = False,
         *,
-        generator: torch.Generator | None = None,
+        generator: NoiseGenerator | None = None,
     ) -> torch.Tensor:
         """Generate samples with T ancestral steps; returns the final ``[N, C, H, W]`` batch."""
         final = None
@@ -455,7 +460,7 @@ class GaussianDiffusion:
         device: torch.device | str | None = None,
         progress: bool = False,
         *,
-        generator: torch.Generator | None = None,
+        generator: NoiseGenerator | None = None,
     ) -> Iterator[dict[str, torch.Tensor]]:
         """Like ``p_sample_loop`` but yields every step's ``p_sample`` output, from t = T-1 to 0."""
         img, device = self._initial_noise(model, shape, noise, device, generator)
@@ -488,7 +493,7 @@ class GaussianDiffusion:
         model_kwargs: dict[str, Any] | None = None,
         eta: float = 0.0,
         *,
-        generator: torch.Generator | None = None,
+        generator: NoiseGenerator | None = None,
     ) -> dict[str, torch.Tensor]:
         """One DDIM step x_t -> x_{t-1} (Song et al. 2020, eq. 12); ``eta=0`` is deterministic."""
         out = self.p_mean_variance(
@@ -560,7 +565,7 @@ class GaussianDiffusion:
         progress: bool = False,
         eta: float = 0.0,
         *,
-        generator: torch.Generator | None = None,
+        generator: NoiseGenerator | None = None,
     ) -> torch.Tensor:
         """Generate samples with DDIM over this diffusion's steps (respace it for fewer steps)."""
         final = None
@@ -594,7 +599,7 @@ class GaussianDiffusion:
         progress: bool = False,
         eta: float = 0.0,
         *,
-        generator: torch.Generator | None = None,
+        generator: NoiseGenerator | None = None,
     ) -> Iterator[dict[str, torch.Tensor]]:
         """Like ``ddim_sample_loop`` but yields every step's output, from t = T-1 to 0."""
         img, device = self._initial_noise(model, shape, noise, device, generator)
@@ -621,7 +626,7 @@ class GaussianDiffusion:
         shape: Sequence[int],
         noise: torch.Tensor | None,
         device: torch.device | str | None,
-        generator: torch.Generator | None,
+        generator: NoiseGenerator | None,
     ) -> tuple[torch.Tensor, torch.device]:
         if not isinstance(shape, (tuple, list)):
             raise ValueError(f"shape must be a tuple or list like (N, C, H, W), got {shape!r}")
@@ -637,7 +642,7 @@ class GaussianDiffusion:
             return noise, device
         if generator is None:
             return torch.randn(*shape, device=device), device
-        return torch.randn(*shape, device=generator.device, generator=generator).to(device), device
+        return _randn(tuple(shape), torch.float32, generator).to(device), device
 
     def _timestep_indices(self, progress: bool) -> Sequence[int] | Iterator[int]:
         indices = list(range(self.num_timesteps))[::-1]
@@ -772,7 +777,7 @@ class GaussianDiffusion:
         clip_denoised: bool = True,
         model_kwargs: dict[str, Any] | None = None,
         *,
-        generator: torch.Generator | None = None,
+        generator: NoiseGenerator | None = None,
     ) -> dict[str, torch.Tensor]:
         """The full variational bound in bits/dim, walking t from T-1 down to 0.
 
@@ -810,9 +815,22 @@ class GaussianDiffusion:
         }
 
 
-def _randn_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def _randn_like(x: torch.Tensor, generator: NoiseGenerator | None) -> torch.Tensor:
     """``randn_like`` from the global RNG (the reference's behaviour) or from ``generator``."""
     if generator is None:
         return torch.randn_like(x)
-    noise = torch.randn(x.shape, generator=generator, device=generator.device, dtype=x.dtype)
-    return noise.to(x.device)
+    return _randn(tuple(x.shape), x.dtype, generator).to(x.device)
+
+
+def _randn(shape: tuple[int, ...], dtype: torch.dtype, generator: NoiseGenerator) -> torch.Tensor:
+    """Standard normal noise of ``shape`` from one generator, or row by row from one per row."""
+    if isinstance(generator, torch.Generator):
+        return torch.randn(shape, generator=generator, device=generator.device, dtype=dtype)
+    generators = list(generator)
+    if len(generators) != shape[0]:
+        raise ValueError(
+            f"{len(generators)} generators for a batch of {shape[0]}: give one per batch row "
+            f"(or a single torch.Generator)"
+        )
+    rows = [torch.randn(shape[1:], generator=g, device=g.device, dtype=dtype) for g in generators]
+    return torch.stack([row.to(generators[0].device) for row in rows])

@@ -271,6 +271,27 @@ def test_sampling_loops_are_deterministic_under_a_seed(loop):
     assert results[0].abs().max() <= 1.5  # clipped x0 predictions keep samples in range
 
 
+@pytest.mark.parametrize("loop", ["p_sample_loop", "ddim_sample_loop"])
+def test_one_generator_per_row_makes_a_sample_independent_of_its_batch(loop):
+    # Row b's noise comes from generator b only: sample i is the same whether it is computed
+    # alone or next to others (what sampling on several workers needs).
+    d = make(steps=20, var=ModelVarType.LEARNED_RANGE)
+    model = ToyModel(out_mult=2)
+
+    def gens(seeds):
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    kwargs = {"eta": 1.0} if loop == "ddim_sample_loop" else {}
+    batch = getattr(d, loop)(model, (3, 3, 4, 4), generator=gens([10, 11, 12]), **kwargs)
+    for row, seed in enumerate([10, 11, 12]):
+        alone = getattr(d, loop)(model, (1, 3, 4, 4), generator=gens([seed]), **kwargs)
+        torch.testing.assert_close(batch[row : row + 1], alone, rtol=0, atol=1e-6)
+    other = getattr(d, loop)(model, (2, 3, 4, 4), generator=gens([12, 99]), **kwargs)
+    torch.testing.assert_close(other[0:1], batch[2:3], rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="2 generators for a batch of 3"):
+        getattr(d, loop)(model, (3, 3, 4, 4), generator=gens([1, 2]))
+
+
 def test_p_sample_adds_no_noise_at_t0():
     d = make(steps=20)
     x = torch.randn(2, 1, 4, 4)
