@@ -70,7 +70,12 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
 
 def make_grid(images: torch.Tensor, *, columns: int | None = None, padding: int = 2) -> np.ndarray:
     """Tile a batch into one ``[H', W', C]`` uint8 image with ``padding`` px of black between."""
-    pixels = to_uint8(images)
+    return tile(to_uint8(images), columns=columns, padding=padding)
+
+
+def tile(pixels: np.ndarray, *, columns: int | None = None, padding: int = 2) -> np.ndarray:
+    """Tile uint8 images ``[N, H, W, C]`` into one ``[H', W', C]`` grid (``columns``: default
+    about sqrt(N)), with ``padding`` px of black between them."""
     n, h, w, c = pixels.shape
     columns = columns or math.ceil(math.sqrt(n))
     rows = math.ceil(n / columns)
@@ -86,8 +91,12 @@ def make_grid(images: torch.Tensor, *, columns: int | None = None, padding: int 
 
 def save_grid(images: torch.Tensor, path: Path, *, columns: int | None = None) -> Path:
     """Write a PNG grid of ``images`` and return its path."""
-    grid = make_grid(images, columns=columns)
-    mode = "L" if grid.shape[-1] == 1 else "RGB"
+    return save_png(make_grid(images, columns=columns), path)
+
+
+def save_png(pixels: np.ndarray, path: Path) -> Path:
+    """Write one uint8 ``[H, W, C]`` image (C = 1 or 3) as PNG and return its path."""
+    mode = "L" if pixels.shape[-1] == 1 else "RGB"
     path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(grid[..., 0] if mode == "L" else grid, mode=mode).save(path)
+    Image.fromarray(pixels[..., 0] if mode == "L" else pixels, mode=mode).save(path)
     return path

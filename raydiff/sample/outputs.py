@@ -1,0 +1,43 @@
+"""Where samples go: improved-diffusion's npz, one PNG per sample, and a grid. No Ray here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from raydiff.train.sample_grid import save_png, tile
+
+
+def npz_name(samples: np.ndarray) -> str:
+    """improved-diffusion's file name for ``[N, H, W, C]`` samples: ``samples_NxHxWxC.npz``."""
+    return "samples_" + "x".join(str(d) for d in samples.shape) + ".npz"
+
+
+def write_npz(samples: np.ndarray, out_dir: Path, *, labels: np.ndarray | None = None) -> Path:
+    """``arr_0``: uint8 ``[N, H, W, C]``; ``arr_1``: int64 labels for a class-conditional model
+    (as improved-diffusion's ``image_sample.py`` writes them). Written atomically."""
+    if samples.dtype != np.uint8 or samples.ndim != 4:
+        raise ValueError(f"samples must be uint8 [N, H, W, C], got {samples.dtype} {samples.shape}")
+    if labels is not None and len(labels) != len(samples):
+        raise ValueError(f"{len(labels)} labels for {len(samples)} samples")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / npz_name(samples)
+    tmp = path.with_name(path.stem + ".tmp.npz")
+    arrays = [samples] if labels is None else [samples, labels.astype(np.int64)]
+    np.savez(tmp, *arrays)
+    tmp.replace(path)
+    return path
+
+
+def write_pngs(samples: np.ndarray, out_dir: Path, *, first_index: int = 0) -> list[Path]:
+    """One PNG per sample, ``sample_000000.png`` named by its index."""
+    return [
+        save_png(image, out_dir / f"sample_{first_index + k:06d}.png")
+        for k, image in enumerate(samples)
+    ]
+
+
+def write_grid(samples: np.ndarray, path: Path, *, max_images: int = 256) -> Path:
+    """A grid PNG of the first ``max_images`` samples."""
+    return save_png(tile(samples[:max_images]), path)
