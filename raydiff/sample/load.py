@@ -1,0 +1,110 @@
+"""The model to sample from: a raydiff checkpoint (raw or EMA weights) or a published
+improved-/guided-diffusion ``.pt`` with the flags it was trained with. No Ray here."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from raydiff.config import ExperimentConfig, config_from_flags, from_dict, load_config
+from raydiff.errors import UserInputError
+from raydiff.factory import create_model
+from raydiff.train.checkpoint import load_model_weights, require_checkpoint_dir
+
+
+@dataclass(kw_only=True)
+class SamplingModel:
+    """A model ready to sample, the config that describes it, and where its weights came from."""
+
+    model: torch.nn.Module
+    config: ExperimentConfig
+    weights: Path
+    """The state-dict file loaded."""
+
+
+def parse_model_flags(text: str) -> dict[str, str]:
+    """improved-diffusion's ``MODEL_FLAGS`` syntax: ``"--image_size 64 --learn_sigma True"``
+    (``--flag=value`` too) -> ``{"image_size": "64", "learn_sigma": "True"}``."""
+    flags: dict[str, str] = {}
+    words = shlex.split(text)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("--") or len(word) == 2:
+            raise UserInputError(
+                f"--model-flags: {word!r} is not a flag; expected improved-diffusion's syntax, "
+                f"e.g. '--image_size 64 --num_channels 128 --learn_sigma True'"
+            )
+        name, sep, value = word[2:].partition("=")
+        if not sep:
+            if i + 1 >= len(words) or words[i + 1].startswith("--"):
+                raise UserInputError(f"--model-flags: --{name} has no value")
+            value = words[i + 1]
+            i += 1
+        flags[name] = value
+        i += 1
+    return flags
+
+
+def ema_files(checkpoint: Path) -> dict[str, Path]:
+    """``{"ema_0.9999": path, ...}``: the EMA weights a raydiff checkpoint holds."""
+    return {f.stem: f for f in sorted(checkpoint.glob("ema_*.pt"))}
+
+
+def load_sampling_model(
+    path: str | Path,
+    *,
+    weights: str | None = None,
+    model_flags: str | None = None,
+    config_file: str | None = None,
+) -> SamplingModel:
+    """The model at ``path``, in eval mode on the CPU.
+
+    ``path``: a raydiff ``checkpoint_NNNNNN`` folder (its ``config.json`` describes the model;
+    ``weights`` picks ``model`` or ``ema_RATE``, default: the config's first EMA rate), or a
+    published ``.pt`` state dict, whose model is described by ``model_flags`` (improved-diffusion
+    syntax) or ``config_file``. Every mistake (a missing or incomplete checkpoint, an unknown EMA
+    rate, flags that do not match the file's keys) is a one-line error naming it.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    if path.is_dir():
+        if model_flags or config_file:
+            raise UserInputError(
+                f"{path} is a raydiff checkpoint: its config.json describes the model "
+                f"(--model-flags / --config are for published .pt files)"
+            )
+        checkpoint = require_checkpoint_dir(path)
+        config = from_dict(ExperimentConfig, json.loads((checkpoint / "config.json").read_text()))
+        choices = {"model": checkpoint / "model.pt", **ema_files(checkpoint)}
+        if weights is None:
+            first_rate = config.optim.ema_rates()[0]
+            weights = f"ema_{first_rate}" if f"ema_{first_rate}" in choices else "model"
+        if weights not in choices:
+            raise UserInputError(
+                f"--weights {weights}: {checkpoint} has no such weights; valid: "
+                f"{', '.join(choices)}"
+            )
+        file = choices[weights]
+    else:
+        if weights is not None:
+            raise UserInputError(f"--weights applies to raydiff checkpoints; {path} is one file")
+        if bool(model_flags) == bool(config_file):
+            raise UserInputError(
+                f"{path} is a published state dict: describe its model with --model-flags "
+                f"'--image_size 64 --num_channels 128 ...' (the flags it was trained with) or "
+                f"--config FILE.yaml, one of them"
+            )
+        if model_flags:
+            config = config_from_flags(parse_model_flags(model_flags))
+        else:
+            config = load_config(config_file)
+        file = path
+    model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
+    load_model_weights(model, file)
+    return SamplingModel(model=model.eval(), config=config, weights=file)
