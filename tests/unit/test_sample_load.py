@@ -95,3 +95,31 @@ def test_model_flags_use_improved_diffusions_syntax():
         parse_model_flags("--image_size 64 --num_channels")
     with pytest.raises(UserInputError, match="'64' is not a flag"):
         parse_model_flags("64 --image_size")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--num-samples", "0"], "--num-samples 0 is invalid"),
+        (["--num-samples", "4", "--weights", "ema_0.1"], "--weights ema_0.1"),
+        (["--num-samples", "4", "--eta", "0.5"], "--eta applies to DDIM sampling"),
+        (["--num-samples", "4", "--class-labels", "1,x"], "--class-labels '1,x' is invalid"),
+        (["--num-samples", "4", "--class-labels", "1"], "not class-conditional"),
+        (
+            ["--num-samples", "4", "--timestep-respacing", "ddim3000"],
+            "cannot create exactly 3000 steps",
+        ),
+    ],
+)
+def test_sample_cli_refuses_bad_requests_before_anything_starts(
+    checkpoint, tmp_path, capsys, args, message
+):
+    from raydiff.cli import main
+
+    out = tmp_path / "samples"
+    assert main(["sample", "--checkpoint", str(checkpoint), "--out", str(out), *args]) == 1
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+    import ray
+
+    assert not ray.is_initialized()
