@@ -1,6 +1,6 @@
 # raydiff developer entry points. `make demo` and `make test` each set the machine up first
 # (virtualenv, pinned packages, dataset) through scripts/setup.sh.
-.PHONY: setup demo sweep test test-unit test-integration test-slow lint format bench bench-data bench-overhead bench-sweep data constraints
+.PHONY: setup demo sweep test test-unit test-integration test-slow lint format bench bench-data bench-overhead bench-sweep bench-sampling data constraints
 
 
 setup:
@@ -64,3 +64,6 @@ bench-overhead:
 
 bench-sweep:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" bench/sweep_overhead.py $(ARGS)
+
+bench-sampling:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" bench/sampling.py $(ARGS)
