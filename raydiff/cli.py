@@ -198,6 +198,16 @@ DEFAULT_CONFIG = "demo"  # a preset name: raydiff/configs/demo.yaml (configs/dem
 DEFAULT_DATA = "data/fashion-mnist"
 
 
+def add_address_argument(parser: argparse.ArgumentParser) -> None:
+    """``--address``, the Ray cluster to run on (train, sweep, sample)."""
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster to run on: 'auto' (the one `ray start` runs on this machine), "
+        "HOST:PORT or ray://HOST:PORT (default: $RAY_ADDRESS, else a new local instance)",
+    )
+
+
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``raydiff train`` (and ``python jobs/train.py``)."""
     parser.add_argument(
@@ -238,12 +248,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="checkpoint folder to continue from (default: the newest under --output)",
     )
-    parser.add_argument(
-        "--address",
-        default=None,
-        help="Ray cluster to run on: 'auto' (the one `ray start` runs on this machine), "
-        "HOST:PORT or ray://HOST:PORT (default: $RAY_ADDRESS, else a new local instance)",
-    )
+    add_address_argument(parser)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -342,12 +347,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="continue the interrupted sweep in DIR (finished trials are not run again)",
     )
-    parser.add_argument(
-        "--address",
-        default=None,
-        help="Ray cluster to run on: 'auto', HOST:PORT or ray://HOST:PORT (default: "
-        "$RAY_ADDRESS, else a new local instance)",
-    )
+    add_address_argument(parser)
 
 
 def run_sweep(args: argparse.Namespace) -> int:
@@ -447,12 +447,7 @@ def add_sample_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="sample i depends only on (seed, i) (default: 0)"
     )
-    parser.add_argument(
-        "--address",
-        default=None,
-        help="Ray cluster to run on: 'auto', HOST:PORT or ray://HOST:PORT (default: "
-        "$RAY_ADDRESS, else a new local instance)",
-    )
+    add_address_argument(parser)
 
 
 def run_sample(args: argparse.Namespace) -> int:

@@ -93,7 +93,6 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
     from ray.util import ActorPool
     from tqdm.auto import tqdm
 
-    from raydiff.factory import create_gaussian_diffusion
     from raydiff.orchestrate.trainer import ensure_ray, quiet_ray_console
 
     out = Path(options.out)
@@ -107,8 +106,7 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
         config_file=options.config_file,
     )
     config = loaded.config
-    diffusion_config = sampling_diffusion_config(config, options)
-    create_gaussian_diffusion(diffusion_config)  # a bad respacing fails here, not in an actor
+    diffusion_config = sampling_diffusion_config(config, options)  # checks the respacing
     num_classes = config.model.num_classes if config.model.class_cond else None
     if options.class_labels and num_classes is None:
         raise UserInputError("--class-labels given, but the model is not class-conditional")

@@ -48,6 +48,7 @@ from raydiff.sweep.results import (
     TrialRow,
     best_row,
     format_table,
+    read_run_config,
     trial_status,
     write_best_config,
     write_csv,
@@ -449,10 +450,8 @@ def _row(loaded: LoadedSweep, *, out: Path, result: Any, unfinished: set[str]) -
         and k in REPORTED_METRICS
     }
     checkpoint = latest_checkpoint(run_dir)
-    seed = None
-    config_file = run_dir / "config.json"
-    if config_file.is_file():
-        seed = json.loads(config_file.read_text())["train"]["seed"]
+    config = read_run_config(run_dir)
+    seed = config.train.seed if config is not None else None
     return TrialRow(
         trial=name,
         values=_display_values(loaded.dimensions, dict(result.config or {})),
