@@ -1,6 +1,6 @@
 # raydiff developer entry points. `make demo` and `make test` each set the machine up first
 # (virtualenv, pinned packages, dataset) through scripts/setup.sh.
-.PHONY: setup demo sweep test test-unit test-integration test-slow lint format bench bench-data bench-overhead bench-sweep bench-sampling data constraints
+.PHONY: setup demo sweep test test-unit test-integration test-slow lint format bench bench-data bench-overhead bench-sweep bench-sampling data constraints config-doc
 
 
 setup:
@@ -67,3 +67,8 @@ bench-sweep:
 
 bench-sampling:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" bench/sampling.py $(ARGS)
+
+# docs/configuration.md from the config dataclasses' field docstrings (tests/unit/
+# test_configuration_doc.py fails when it is out of date). Needs no dataset.
+config-doc:
+	@py="$$(RAYDIFF_SKIP_DATASET=1 scripts/setup.sh | tail -n 1)" && "$$py" -m raydiff.config_doc --output docs/configuration.md
