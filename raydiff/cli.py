@@ -248,6 +248,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="checkpoint folder to continue from (default: the newest under --output)",
     )
+    parser.add_argument(
+        "--evaluate-checkpoints",
+        action="store_true",
+        help="evaluate every checkpoint on a Ray actor while training goes on (samples, "
+        "bits/dim on val images, FID with evaluation.inception); sets "
+        "evaluation.every_checkpoint",
+    )
     add_address_argument(parser)
 
 
@@ -265,7 +272,14 @@ def run_train(args: argparse.Namespace) -> int:
         overrides.append(f"scaling.num_workers={args.num_workers}")
     if args.data is not None:
         overrides.append(f"data.data_dir={args.data}")
+    if args.evaluate_checkpoints:
+        overrides.append("evaluation.every_checkpoint=true")
     config = load_config(args.config or DEFAULT_CONFIG, overrides)
+    if args.single_process and config.evaluation.every_checkpoint:
+        raise UserInputError(
+            "evaluation.every_checkpoint needs Ray (an evaluation actor beside the training): "
+            "drop --single-process, or evaluate checkpoints afterwards with raydiff evaluate"
+        )
     # Everything the config alone decides is checked before any side effect (preparing data).
     # One process trains the whole batch: scaling.num_workers does not apply to it.
     config.train.per_worker_batch(1 if args.single_process else config.scaling.num_workers)
@@ -292,6 +306,9 @@ def run_train(args: argparse.Namespace) -> int:
             address=args.address,
         )
     print(f"final metrics: {_format_metrics(result)}")
+    if "evaluation" in result:
+        evaluation = result["evaluation"]
+        print(f"evaluation:    {_format_metrics(evaluation) or evaluation.get('error')}")
     print(f"run folder:    {output.resolve()}")
     print(f"tensorboard:   tensorboard --logdir {output.resolve() / 'tensorboard'}")
     return 0
@@ -394,16 +411,14 @@ def run_sweep(args: argparse.Namespace) -> int:
 # sample
 
 
-def add_sample_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``raydiff sample`` (and ``python jobs/sample.py``)."""
+def add_model_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model to load: ``--checkpoint`` and its ``--weights``, or a .pt with its flags."""
     parser.add_argument(
         "--checkpoint",
         required=True,
         help="a raydiff checkpoint_NNNNNN folder, or a published improved-/guided-diffusion .pt "
         "(with --model-flags or --config)",
     )
-    parser.add_argument("--num-samples", type=int, required=True, help="images to generate")
-    parser.add_argument("--out", required=True, help="output folder (new or empty)")
     parser.add_argument(
         "--weights",
         default=None,
@@ -416,6 +431,13 @@ def add_sample_arguments(parser: argparse.ArgumentParser) -> None:
         '"--image_size 64 --num_channels 128 --learn_sigma True"',
     )
     parser.add_argument("--config", default=None, help="or a config file describing a .pt's model")
+
+
+def add_sample_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``raydiff sample`` (and ``python jobs/sample.py``)."""
+    add_model_source_arguments(parser)
+    parser.add_argument("--num-samples", type=int, required=True, help="images to generate")
+    parser.add_argument("--out", required=True, help="output folder (new or empty)")
     parser.add_argument(
         "--timestep-respacing",
         default="",
@@ -447,6 +469,24 @@ def add_sample_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="sample i depends only on (seed, i) (default: 0)"
     )
+    parser.add_argument(
+        "--classifier",
+        default=None,
+        help="classifier guidance: a guided-diffusion classifier .pt (noisy-image classifier)",
+    )
+    parser.add_argument(
+        "--classifier-flags",
+        default=None,
+        help="its flags in guided-diffusion's syntax, e.g. '--classifier_width 128 "
+        "--classifier_depth 2 --classifier_attention_resolutions 32,16,8' (default: "
+        "guided-diffusion's defaults; image size and classes follow the model)",
+    )
+    parser.add_argument(
+        "--classifier-scale",
+        type=float,
+        default=1.0,
+        help="guidance scale: multiplies grad log p(y | x_t) (default: 1)",
+    )
     add_address_argument(parser)
 
 
@@ -476,6 +516,9 @@ def run_sample(args: argparse.Namespace) -> int:
         num_workers=args.num_workers,
         use_gpu=args.use_gpu,
         seed=args.seed,
+        classifier=args.classifier,
+        classifier_flags=args.classifier_flags,
+        classifier_scale=args.classifier_scale,
     )
     from raydiff.orchestrate.sampling import run_sampling
 
@@ -490,13 +533,103 @@ def run_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------------------
+# evaluate
+
+
+def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``raydiff evaluate bpd|fid`` (and ``python jobs/evaluate.py``)."""
+    metrics = parser.add_subparsers(dest="metric", required=True, metavar="METRIC")
+    bpd = metrics.add_parser(
+        "bpd",
+        help="the full variational bound in bits/dim over a split (calc_bpd_loop on Ray workers)",
+        description="The full variational bound (IDDPM eq. 5) in bits/dim, every term of it, "
+        "over a split of the dataset, images spread over Ray workers. Results: JSON (printed), "
+        "per-image terms (npz), and the run's TensorBoard for a run's checkpoint.",
+    )
+    add_model_source_arguments(bpd)
+    bpd.add_argument(
+        "--data", default=None, help="prepared dataset (default: the one the model trained on)"
+    )
+    bpd.add_argument("--split", default="test", help="split to evaluate (default: test)")
+    bpd.add_argument(
+        "--num-images",
+        type=int,
+        default=None,
+        help="evaluate the split's first N images (default: all; each image costs T model calls)",
+    )
+    bpd.add_argument(
+        "--timestep-respacing",
+        default="",
+        help="the bound of a respaced chain, e.g. '100' (cheaper, looser; default: all steps)",
+    )
+    bpd.add_argument(
+        "--clip-denoised",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="clip the predicted x_0 to [-1, 1] (default: on, as improved-diffusion)",
+    )
+    bpd.add_argument("--batch-size", type=int, default=32, help="images per batch (default: 32)")
+    bpd.add_argument("--num-workers", type=int, default=1, help="Ray actors (default: 1)")
+    bpd.add_argument("--use-gpu", action="store_true", help="one GPU per worker")
+    bpd.add_argument(
+        "--seed", type=int, default=0, help="image i's noise depends only on (seed, i)"
+    )
+    bpd.add_argument(
+        "--out",
+        default=None,
+        help="results folder (default: RUN/evaluation/checkpoint_NNNNNN for a run's checkpoint)",
+    )
+    add_address_argument(bpd)
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    """``raydiff evaluate bpd`` / ``fid``: compute, print the JSON, say where it went."""
+    import json
+
+    if args.metric == "bpd":
+        from raydiff.evaluate.options import BpdOptions
+
+        options = BpdOptions(
+            checkpoint=args.checkpoint,
+            weights=args.weights,
+            model_flags=args.model_flags,
+            config_file=args.config,
+            data=args.data,
+            split=args.split,
+            num_images=args.num_images,
+            timestep_respacing=args.timestep_respacing,
+            clip_denoised=args.clip_denoised,
+            batch_size=args.batch_size,
+            num_workers=args.num_workers,
+            use_gpu=args.use_gpu,
+            seed=args.seed,
+            out=args.out,
+        )
+        from raydiff.orchestrate.evaluation import run_bpd
+
+        result = run_bpd(options, address=args.address)
+        print(json.dumps(result.summary, indent=2))
+        summary = result.summary
+        print(
+            f"{summary['split']}: {summary['bpd']:.4f} +- {summary['bpd_stderr']:.4f} bits/dim "
+            f"({summary['num_images']} images, {result.seconds:.0f} s)"
+        )
+        print(f"results: {result.json_path}")
+        print(f"terms:   {result.terms_path}")
+        if result.tensorboard_run is not None:
+            print(f"tensorboard: tensorboard --logdir {result.tensorboard_run / 'tensorboard'}")
+        return 0
+    raise AssertionError(f"unknown metric {args.metric}")
+
+
 def _sets_field(overrides: list[str], name: str) -> bool:
     """Whether a ``--set`` override names field ``name`` (bare or as section.field)."""
     return any(item.partition("=")[0].strip().rpartition(".")[2] == name for item in overrides)
 
 
 def _format_metrics(metrics: dict[str, Any]) -> str:
-    keys = ("step", "loss", "val_bpd", "val_mse", "images_per_s")
+    keys = ("step", "loss", "val_bpd", "val_mse", "images_per_s", "bpd_val", "fid", "kid_mean")
     return "  ".join(
         f"{k} {metrics[k]:.4g}" if isinstance(metrics[k], float) else f"{k} {metrics[k]}"
         for k in keys
@@ -522,6 +655,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         help="generate samples from a checkpoint on Ray workers (npz + PNGs + grid)",
         add_arguments=add_sample_arguments,
         run=run_sample,
+    ),
+    "evaluate": Subcommand(
+        help="evaluate a checkpoint: bits/dim over a split, FID/KID of samples",
+        add_arguments=add_evaluate_arguments,
+        run=run_evaluate,
     ),
     "sweep": Subcommand(
         help="sweep config fields with Ray Tune (one Ray Train run per trial, ASHA stopping)",

@@ -2,7 +2,8 @@
 
 The driver checks everything first (the checkpoint, the weights asked for, the flags, the
 options) by loading the model itself, puts its weights in the object store once, and starts
-``num_workers`` :class:`SamplerActor` s (one CPU each, or one GPU each). Batches ``[kB, (k+1)B)``
+``num_workers`` :class:`raydiff.orchestrate.model_actor.ModelActor` s (one CPU each, or one GPU
+each). Batches ``[kB, (k+1)B)``
 go to whichever actor is free (``ray.util.ActorPool``); sample ``i`` depends only on
 ``(seed, i)`` (:mod:`raydiff.sample.generate`), so the images are the same on 1 or N workers.
 The driver writes improved-diffusion's ``samples_NxHxWxC.npz``, one PNG per sample and a grid.
@@ -10,6 +11,8 @@ The driver writes improved-diffusion's ``samples_NxHxWxC.npz``, one PNG per samp
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -17,16 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
 
-from raydiff.config import DiffusionConfig, ExperimentConfig
+from raydiff.config import ExperimentConfig
 from raydiff.errors import UserInputError
-from raydiff.sample.generate import generate, index_batches, sample_labels
+from raydiff.orchestrate.model_actor import kill_actors, map_batches_in_order, start_model_actors
+from raydiff.sample.generate import index_batches, sample_labels
 from raydiff.sample.load import load_sampling_model
 from raydiff.sample.options import SampleOptions, sampling_diffusion_config
 from raydiff.sample.outputs import write_grid, write_npz, write_pngs
 
 logger = logging.getLogger(__name__)
+
+SAMPLING_RECORD = "sampling.json"
+"""In a ``raydiff sample --out`` folder: the options it ran with (the checkpoint resolved)."""
 
 
 @dataclass(kw_only=True)
@@ -44,53 +50,25 @@ class SampleResult:
         return self.num_samples / self.seconds if self.seconds else float("nan")
 
 
-@ray.remote
-class SamplerActor:
-    """Builds the model once, then turns batches of sample indices into uint8 images."""
+def _load_guidance(options: SampleOptions, config: ExperimentConfig) -> tuple[Any, dict[str, Any]]:
+    """The guidance classifier's config and weights, checked against its file before Ray."""
+    from raydiff.sample.classifier import classifier_config_from_flags, load_classifier
+    from raydiff.sample.load import parse_model_flags
 
-    def __init__(
-        self,
-        config: ExperimentConfig,
-        diffusion_config: DiffusionConfig,
-        weights: dict[str, Any],
-        threads: int,
-    ) -> None:
-        import torch
-
-        from raydiff.factory import create_gaussian_diffusion, create_model
-
-        torch.set_num_threads(threads)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
-        model.load_state_dict(weights, strict=True)
-        self.model = model.eval().to(self.device)
-        self.diffusion = create_gaussian_diffusion(diffusion_config)
-        self.image_shape = (
-            config.model.in_channels,
-            config.model.image_size,
-            config.model.image_size,
-        )
-
-    def run(
-        self, indices: range, labels: np.ndarray | None, options: SampleOptions
-    ) -> tuple[int, np.ndarray]:
-        images = generate(
-            self.model,
-            self.diffusion,
-            indices=indices,
-            image_shape=self.image_shape,
-            seed=options.seed,
-            use_ddim=options.use_ddim,
-            eta=options.eta,
-            clip_denoised=options.clip_denoised,
-            labels=labels,
-        )
-        return indices.start, images
+    if not Path(options.classifier).is_file():
+        raise FileNotFoundError(f"--classifier {options.classifier!r} does not exist")
+    classifier_config = classifier_config_from_flags(
+        parse_model_flags(options.classifier_flags or ""),
+        image_size=config.model.image_size,
+        in_channels=config.model.in_channels,
+        num_classes=config.model.num_classes,
+    )
+    classifier = load_classifier(options.classifier, classifier_config)
+    return classifier_config, classifier.state_dict()
 
 
 def run_sampling(options: SampleOptions, *, address: str | None = None) -> SampleResult:
     """Generate ``options.num_samples`` samples on ``options.num_workers`` Ray actors."""
-    from ray.util import ActorPool
     from tqdm.auto import tqdm
 
     from raydiff.orchestrate.trainer import ensure_ray, quiet_ray_console
@@ -108,8 +86,20 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
     config = loaded.config
     diffusion_config = sampling_diffusion_config(config, options)  # checks the respacing
     num_classes = config.model.num_classes if config.model.class_cond else None
+    guidance = None
+    if options.classifier:
+        classifier_config, classifier_weights = _load_guidance(options, config)
+        if num_classes is not None and classifier_config.num_classes != num_classes:
+            raise UserInputError(
+                f"--classifier has {classifier_config.num_classes} classes, the model "
+                f"{num_classes}: they must agree"
+            )
+        num_classes = classifier_config.num_classes
+        guidance = (classifier_config, classifier_weights, options.classifier_scale)
     if options.class_labels and num_classes is None:
-        raise UserInputError("--class-labels given, but the model is not class-conditional")
+        raise UserInputError(
+            "--class-labels given, but the model is not class-conditional (and no --classifier)"
+        )
     batches = index_batches(options.num_samples, options.batch_size)
     labels = {
         b.start: sample_labels(
@@ -121,14 +111,16 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
     }
     ensure_ray(address=address, num_workers=options.num_workers, cpus_per_worker=1.0)
     quiet_ray_console()
-    weights = ray.put({k: v.cpu() for k, v in loaded.model.state_dict().items()})
-    resources = {"num_gpus": 1} if options.use_gpu else {"num_cpus": 1}
-    actors = [
-        SamplerActor.options(**resources).remote(config, diffusion_config, weights, 1)
-        for _ in range(options.num_workers)
-    ]
+    actors = start_model_actors(
+        config,
+        diffusion_config,
+        loaded.model.state_dict(),
+        num_workers=options.num_workers,
+        use_gpu=options.use_gpu,
+        classifier=guidance,
+    )
     logger.info(
-        "sampling %d images from %s (%s) on %d worker(s): %s%s, batches of %d, seed %d",
+        "sampling %d images from %s (%s) on %d worker(s): %s%s%s, batches of %d, seed %d",
         options.num_samples,
         options.checkpoint,
         loaded.weights.name,
@@ -137,27 +129,29 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
         f" respaced {diffusion_config.timestep_respacing}"
         if diffusion_config.timestep_respacing
         else "",
+        f", classifier guidance scale {options.classifier_scale}" if guidance else "",
         options.batch_size,
         options.seed,
     )
-    pool = ActorPool(actors)
     start = time.monotonic()
-    images: dict[int, np.ndarray] = {}
     with tqdm(total=options.num_samples, unit="img", desc="sampling") as bar:
-        work = pool.map_unordered(
-            lambda actor, b: actor.run.remote(b, labels[b.start], options), batches
+        parts = map_batches_in_order(
+            actors,
+            batches,
+            lambda actor, b: actor.sample.remote(b, labels[b.start], options),
+            on_result=lambda b, _: bar.update(len(b)),
         )
-        for first, batch in work:
-            images[first] = batch
-            bar.update(len(batch))
     seconds = time.monotonic() - start
-    for actor in actors:
-        ray.kill(actor)
-    samples = np.concatenate([images[b.start] for b in batches])
+    kill_actors(actors)
+    samples = np.concatenate(parts)
+    # arr_1: the classes of a class-conditional model, or those a classifier guided towards.
     all_labels = np.concatenate([labels[b.start] for b in batches]) if num_classes else None
     npz = write_npz(samples, out, labels=all_labels)
     write_pngs(samples, out / "images")
     grid = write_grid(samples, out / "grid.png")
+    # Where the samples came from: `raydiff evaluate fid` files its result under that run.
+    record = {**dataclasses.asdict(options), "checkpoint": str(Path(options.checkpoint).resolve())}
+    (out / SAMPLING_RECORD).write_text(json.dumps(record, indent=2))
     return SampleResult(
         npz=npz, grid=grid, png_dir=out / "images", num_samples=len(samples), seconds=seconds
     )

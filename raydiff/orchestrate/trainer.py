@@ -30,7 +30,9 @@ def absolute_uri(uri: str) -> str:
 RUN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def ensure_ray(*, address: str | None, num_workers: int, cpus_per_worker: float) -> None:
+def ensure_ray(
+    *, address: str | None, num_workers: int, cpus_per_worker: float, extra_cpus: float = 0.0
+) -> None:
     """Join the Ray cluster at ``address``, else start a local instance for this run.
 
     ``address``: ``auto`` (the cluster a ``ray start`` on this machine runs), ``HOST:PORT`` or
@@ -54,7 +56,7 @@ def ensure_ray(*, address: str | None, num_workers: int, cpus_per_worker: float)
         return
     # Training workers must not take every CPU or Ray Data has none left to decode with, hence
     # the spare logical CPUs.
-    needed = math.ceil(num_workers * cpus_per_worker) + 2
+    needed = math.ceil(num_workers * cpus_per_worker + extra_cpus) + 2
     context = start_local_ray(num_cpus=max(os.cpu_count() or 1, needed), **ray_init_options())
     logger.info(
         "started a local Ray instance (dashboard: http://%s; Ray's logs: %s/logs)",
@@ -149,6 +151,7 @@ def run_training_job(
         return start.finished
     resumed_from, progress = start.checkpoint, start.progress
 
+    import ray
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -158,10 +161,24 @@ def run_training_job(
     from raydiff.orchestrate.worker import train_loop_per_worker
 
     scaling = config.scaling
+    evaluate = config.evaluation.every_checkpoint
     ensure_ray(
-        address=address, num_workers=scaling.num_workers, cpus_per_worker=scaling.cpus_per_worker
+        address=address,
+        num_workers=scaling.num_workers,
+        cpus_per_worker=scaling.cpus_per_worker,
+        extra_cpus=config.evaluation.cpus if evaluate else 0.0,
     )
     quiet_ray_console()
+    callbacks = list(callbacks or [])
+    evaluator = None
+    if evaluate:
+        from raydiff.orchestrate.checkpoint_eval import (
+            CheckpointEvaluationCallback,
+            start_evaluator,
+        )
+
+        evaluator = start_evaluator(config, run_dir=out)
+        callbacks.append(CheckpointEvaluationCallback(evaluator))
 
     run_name = out.name
     actor_key = sampler_actor_key(out)
@@ -211,7 +228,7 @@ def run_training_job(
             failure_config=ray.train.FailureConfig(max_failures=scaling.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=scaling.checkpoints_to_keep),
             logging_config=ray.train.LoggingConfig(log_level=train_log_level()),
-            callbacks=list(callbacks or []),
+            callbacks=callbacks,
         ),
         datasets=datasets,
         dataset_config=ray.train.DataConfig(
@@ -221,10 +238,19 @@ def run_training_job(
     )
     try:
         result = trainer.fit()
+        evaluation = None
+        if evaluator is not None:
+            from raydiff.orchestrate.checkpoint_eval import wait_for_evaluations
+
+            evaluation = wait_for_evaluations(evaluator, last_step=config.train.max_steps)
     finally:
         if actor_needed:
             kill_actor(actor_key)
+        if evaluator is not None:
+            ray.kill(evaluator)
     metrics = dict(result.return_value or {})
+    if evaluation is not None:
+        metrics["evaluation"] = evaluation
     if result.checkpoint is not None:
         metrics["checkpoint"] = result.checkpoint.path
     metrics["output_dir"] = str(out)

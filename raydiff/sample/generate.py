@@ -72,17 +72,25 @@ def generate(
 
     ``diffusion`` decides the steps (a respaced one samples on its own timesteps); ``use_ddim``
     runs the DDIM loop with ``eta`` (0: deterministic given the starting noise), else ancestral
-    sampling. ``labels``: class labels for a class-conditional model (``[N]``).
+    sampling. ``labels`` (``[N]``): the classes of a class-conditional model, and the classes
+    ``cond_fn`` (classifier guidance) steers towards; an unconditional model guided by a
+    classifier does not see them.
     """
     device = next(model.parameters()).device
     shape = (len(indices), *image_shape)
     kwargs: dict[str, Any] = {}
     if labels is not None:
         kwargs["y"] = torch.as_tensor(labels, device=device)
+    denoiser: Any = model
+    if labels is not None and getattr(model, "num_classes", None) is None:
+        # guided-diffusion's classifier_sample.py: y goes to cond_fn, not to an unconditional model.
+        def denoiser(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> Any:
+            return model(x, t)
+
     loop = diffusion.ddim_sample_loop if use_ddim else diffusion.p_sample_loop
     extra = {"eta": eta} if use_ddim else {}
     images = loop(
-        model,
+        denoiser,
         shape,
         clip_denoised=clip_denoised,
         cond_fn=cond_fn,

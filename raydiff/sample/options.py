@@ -43,6 +43,12 @@ class SampleOptions:
     """One GPU per worker."""
     seed: int = 0
     """Sample i depends only on (seed, i)."""
+    classifier: str | None = None
+    """A guided-diffusion classifier .pt for classifier guidance."""
+    classifier_flags: str | None = None
+    """Its ``classifier_*`` flags in guided-diffusion's syntax (default: its defaults)."""
+    classifier_scale: float = 1.0
+    """Guidance scale s: the gradient of log p(y | x_t) is multiplied by it."""
 
     def __post_init__(self) -> None:
         for name in ("num_samples", "batch_size", "num_workers"):
@@ -54,6 +60,15 @@ class SampleOptions:
             raise UserInputError(f"--eta {self.eta} is invalid: must be >= 0")
         if self.eta and not self.use_ddim:
             raise UserInputError("--eta applies to DDIM sampling: add --use-ddim")
+        if not self.classifier and (self.classifier_flags or self.classifier_scale != 1.0):
+            raise UserInputError(
+                "--classifier-flags / --classifier-scale apply to classifier guidance: add "
+                "--classifier PATH"
+            )
+        if self.classifier_scale < 0:
+            raise UserInputError(
+                f"--classifier-scale {self.classifier_scale} is invalid: must be >= 0"
+            )
         if self.seed < 0:
             raise UserInputError(f"--seed {self.seed} is invalid: must be >= 0")
 

@@ -51,7 +51,15 @@ def test_every_field_of_every_section_is_documented(doc: str) -> None:
     expected = {
         f"{section}.{f.name}" for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)
     }
-    assert set(SECTIONS) == {"model", "diffusion", "optim", "train", "data", "scaling"}
+    assert set(SECTIONS) == {
+        "model",
+        "diffusion",
+        "optim",
+        "train",
+        "data",
+        "scaling",
+        "evaluation",
+    }
     assert set(rows) == expected
     for dotted, cells in rows.items():
         field_type, default, meaning = cells[1], cells[2], cells[4]

@@ -25,7 +25,11 @@ def test_the_core_loads_no_ray_data_or_config() -> None:
 
 
 def test_everything_below_the_ray_layer_loads_no_ray() -> None:
-    below = "raydiff.config, raydiff.data, raydiff.train.loop, raydiff.train.local, raydiff.cli"
+    below = (
+        "raydiff.config, raydiff.config_doc, raydiff.data, raydiff.train.loop, "
+        "raydiff.train.local, raydiff.cli, raydiff.evaluate.bpd, raydiff.evaluate.fid, "
+        "raydiff.sample.classifier"
+    )
     assert loaded_after(f"import {below}", ("ray",)) == []
 
 

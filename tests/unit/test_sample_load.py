@@ -105,6 +105,15 @@ def test_model_flags_use_improved_diffusions_syntax():
         (["--num-samples", "4", "--eta", "0.5"], "--eta applies to DDIM sampling"),
         (["--num-samples", "4", "--class-labels", "1,x"], "--class-labels '1,x' is invalid"),
         (["--num-samples", "4", "--class-labels", "1"], "not class-conditional"),
+        (["--num-samples", "4", "--classifier-scale", "3"], "add --classifier PATH"),
+        (
+            ["--num-samples", "4", "--classifier", "nope.pt"],
+            "--classifier 'nope.pt' does not exist",
+        ),
+        (
+            ["--num-samples", "4", "--classifier", "nope.pt", "--classifier-scale", "-1"],
+            "--classifier-scale -1.0 is invalid",
+        ),
         (
             ["--num-samples", "4", "--timestep-respacing", "ddim3000"],
             "cannot create exactly 3000 steps",

@@ -1,0 +1,1 @@
+"""Evaluation of trained models: the variational bound (bits/dim) and sample quality (FID/KID)."""

@@ -1,0 +1,129 @@
+"""One checkpoint's evaluation during training: samples, the full bound on val images, FID.
+
+``evaluate_checkpoint`` is what the run's evaluation actor does for every checkpoint the run
+saves (``raydiff train --evaluate-checkpoints``, the ``evaluation`` config section): from the
+checkpoint's first EMA weights it draws ``num_samples`` samples (the same seed at every
+checkpoint, so grids compare over the run), computes the full variational bound of the first
+``bpd_images`` val images (the same images and noise every time) and, given Inception weights,
+FID/KID of the samples against the val split. Everything goes to
+``RUN/evaluation/checkpoint_NNNNNN/``, one line per checkpoint to ``RUN/evaluation/metrics.jsonl``
+and ``eval/*`` in the run's TensorBoard. No Ray here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raydiff.config import EvaluationConfig
+from raydiff.evaluate.report import RESULTS_DIR, add_to_tensorboard, write_json
+from raydiff.seeding import derive_seed
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+"""``RUN/evaluation/metrics.jsonl``: one JSON object per evaluated checkpoint, in order done."""
+SAMPLE_BATCH = 64
+BPD_BATCH = 16
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path, *, run_dir: str | Path, step: int, options: EvaluationConfig
+) -> dict[str, Any]:
+    """Evaluate ``checkpoint`` (step ``step`` of the run in ``run_dir``) as ``options`` say;
+    returns the result written to ``RUN/evaluation/checkpoint_NNNNNN/evaluation.json``."""
+    from raydiff.data.in_memory import load_split_tensors
+    from raydiff.data.manifest import load_manifest
+    from raydiff.evaluate.bpd import concatenate_terms, image_bpd_terms, summarize_terms
+    from raydiff.factory import create_gaussian_diffusion
+    from raydiff.sample.generate import generate, index_batches, sample_labels
+    from raydiff.sample.load import load_sampling_model
+    from raydiff.sample.outputs import write_grid, write_npz
+    from raydiff.train.sample_grid import tile
+
+    start = time.monotonic()
+    checkpoint, run_dir = Path(checkpoint), Path(run_dir)
+    out = run_dir / RESULTS_DIR / checkpoint.name
+    loaded = load_sampling_model(checkpoint)
+    model, config = loaded.model, loaded.config
+    seed = derive_seed(config.train.seed, "checkpoint-evaluation")
+    result: dict[str, Any] = {"step": step, "checkpoint": str(checkpoint)}
+    result["weights"] = loaded.weights.name
+
+    # Samples: the same indices and seed at every checkpoint.
+    sampler = create_gaussian_diffusion(options.sampling_diffusion(config.diffusion))
+    image_shape = (config.model.in_channels, config.model.image_size, config.model.image_size)
+    num_classes = config.model.num_classes if config.model.class_cond else None
+    batches = index_batches(options.num_samples, SAMPLE_BATCH)
+    labels = [
+        sample_labels(seed, b, num_classes=num_classes) if num_classes else None for b in batches
+    ]
+    samples = np.concatenate(
+        [
+            generate(
+                model,
+                sampler,
+                indices=b,
+                image_shape=image_shape,
+                seed=seed,
+                use_ddim=options.sample_respacing.startswith("ddim"),
+                labels=batch_labels,
+            )
+            for b, batch_labels in zip(batches, labels, strict=True)
+        ]
+    )
+    npz = write_npz(samples, out, labels=np.concatenate(labels) if num_classes else None)
+    write_grid(samples, out / "grid.png")
+    result["samples"] = str(npz)
+
+    data_dir = config.data.data_dir
+    manifest = load_manifest(data_dir)
+    has_val = "val" in manifest.splits
+    if options.bpd_images and has_val:
+        images, y, _ = load_split_tensors(
+            data_dir, "val", limit=options.bpd_images, manifest=manifest
+        )
+        diffusion = create_gaussian_diffusion(config.diffusion)
+        parts = [
+            image_bpd_terms(
+                model,
+                diffusion,
+                images=images[b.start : b.stop],
+                indices=b,
+                seed=seed,
+                labels=y[b.start : b.stop] if y is not None and num_classes else None,
+            )
+            for b in index_batches(len(images), BPD_BATCH)
+        ]
+        summary = summarize_terms(concatenate_terms(parts), num_timesteps=diffusion.num_timesteps)
+        result.update(bpd_val=summary["bpd"], bpd_val_stderr=summary["bpd_stderr"])
+        result["bpd_val_images"] = summary["num_images"]
+    elif options.bpd_images:
+        result["bpd_val_skipped"] = f"dataset {data_dir} has no val split"
+
+    if options.inception and has_val:
+        from raydiff.evaluate.fid import compute_fid
+
+        fid = compute_fid(
+            samples=str(npz), reference=str(data_dir), split="val", inception=options.inception
+        )
+        result.update({k: v for k, v in fid.items() if k in ("fid", "kid_mean", "kid_std")})
+
+    result["seconds"] = round(time.monotonic() - start, 1)
+    write_json(out / "evaluation.json", result)
+    with open(run_dir / RESULTS_DIR / METRICS_FILE, "a") as metrics_file:
+        metrics_file.write(json.dumps(result) + "\n")
+    scalars = {k: v for k, v in result.items() if k in ("bpd_val", "fid", "kid_mean", "seconds")}
+    add_to_tensorboard(run_dir, step=step, scalars=scalars, images={"samples": tile(samples)})
+    logger.info(
+        "evaluated %s in %.0f s: %s",
+        checkpoint.name,
+        result["seconds"],
+        "  ".join(f"{k} {v:.4g}" for k, v in scalars.items()),
+    )
+    return result

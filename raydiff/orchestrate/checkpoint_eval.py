@@ -1,0 +1,122 @@
+"""Evaluate each new checkpoint while the run trains, on a Ray actor beside the workers.
+
+The driver starts one :class:`CheckpointEvaluator` per run (``evaluation.cpus`` CPUs, or a GPU
+on a GPU run) and gives Ray Train a :class:`CheckpointEvaluationCallback`: the Train controller
+calls it after every report, and for a report with a checkpoint it queues that checkpoint on the
+evaluator and returns at once, so training never waits for an evaluation. The evaluator works
+through the queue in order (``raydiff.evaluate.checkpoint``); when ``fit()`` returns, the driver
+waits for the last checkpoint's evaluation before it ends (on a local instance, Ray goes down
+with the driver). A failed evaluation is logged and recorded; it never fails the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.train.v2.api.callback import UserCallback
+
+from raydiff.config import ExperimentConfig
+
+logger = logging.getLogger(__name__)
+
+GRACE_S = 60.0
+"""How long the driver waits for an evaluation request that has not arrived (a run whose last
+report never reached the controller) before it gives up."""
+
+
+@ray.remote(concurrency_groups={"evaluate": 1, "status": 1})
+class CheckpointEvaluator:
+    """Evaluates checkpoints one at a time; ``status`` calls answer while one runs."""
+
+    def __init__(self, config: ExperimentConfig, run_dir: str, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.options = config.evaluation
+        self.run_dir = run_dir
+        self.requested: set[int] = set()
+        self.results: dict[int, dict[str, Any]] = {}
+
+    @ray.method(concurrency_group="status")
+    def announce(self, step: int) -> None:
+        """A checkpoint of ``step`` is on its way (the request itself may queue behind others)."""
+        self.requested.add(step)
+
+    @ray.method(concurrency_group="evaluate")
+    def evaluate(self, checkpoint: str, step: int) -> dict[str, Any]:
+        from raydiff.evaluate.checkpoint import evaluate_checkpoint
+
+        self.requested.add(step)
+        try:
+            result = evaluate_checkpoint(
+                checkpoint, run_dir=self.run_dir, step=step, options=self.options
+            )
+        except Exception as error:  # an evaluation must never take the run down
+            if not Path(checkpoint).is_dir():
+                reason = (
+                    "the checkpoint was removed before its turn (scaling.checkpoints_to_keep "
+                    "keeps fewer checkpoints than evaluations lag behind)"
+                )
+            else:
+                reason = f"{type(error).__name__}: {error}"
+            logging.getLogger("raydiff").warning("evaluation of %s failed: %s", checkpoint, reason)
+            result = {"step": step, "checkpoint": checkpoint, "error": reason}
+        self.results[step] = result
+        return result
+
+    @ray.method(concurrency_group="status")
+    def status(self) -> tuple[set[int], dict[int, dict[str, Any]]]:
+        return set(self.requested), dict(self.results)
+
+
+class CheckpointEvaluationCallback(UserCallback):
+    """Queues every reported checkpoint on the run's evaluator (runs in the Train controller)."""
+
+    def __init__(self, evaluator: Any) -> None:
+        self.evaluator = evaluator
+
+    def after_report(
+        self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any
+    ) -> None:
+        if checkpoint is None:
+            return
+        step = int(metrics[0]["step"])
+        self.evaluator.announce.remote(step)
+        self.evaluator.evaluate.remote(checkpoint.path, step)
+
+
+def start_evaluator(config: ExperimentConfig, *, run_dir: Path) -> Any:
+    """The run's evaluator actor, on ``evaluation.cpus`` CPUs (a GPU on a GPU run)."""
+    options = config.evaluation
+    resources: dict[str, float] = {"num_cpus": options.cpus}
+    if config.scaling.use_gpu:
+        resources = {"num_cpus": 1, "num_gpus": 1}
+    return CheckpointEvaluator.options(**resources).remote(
+        config, str(run_dir), max(1, int(options.cpus))
+    )
+
+
+def wait_for_evaluations(evaluator: Any, *, last_step: int) -> dict[str, Any] | None:
+    """Block until the checkpoint of ``last_step`` is evaluated; its result (None if it was
+    never requested within ``GRACE_S``)."""
+    started = time.monotonic()
+    announced = False
+    while True:
+        requested, results = ray.get(evaluator.status.remote())
+        if last_step in results:
+            return results[last_step]
+        if last_step in requested and not announced:
+            pending = sorted(s for s in requested if s not in results)
+            logger.info(
+                "training done; waiting for the evaluation of checkpoint(s) at step %s",
+                ", ".join(map(str, pending)),
+            )
+            announced = True
+        if last_step not in requested and time.monotonic() - started > GRACE_S:
+            logger.warning("no evaluation of step %d was requested; not waiting for it", last_step)
+            return None
+        time.sleep(1.0)

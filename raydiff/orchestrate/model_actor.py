@@ -1,0 +1,153 @@
+"""Ray actors that hold one model and turn fixed batches of work into results.
+
+``raydiff sample``, ``raydiff evaluate bpd`` and checkpoint evaluation during training all cut
+their work into batches whose result depends only on the batch (sample ``i`` on ``(seed, i)``,
+image ``i``'s bound on ``(seed, i)``), hand the batches to whichever :class:`ModelActor` is free
+(``ray.util.ActorPool``) and put the results back in batch order: the same output on 1 or N
+workers. The actor builds its model once from weights the driver put in the object store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import ray
+
+from raydiff.config import DiffusionConfig, ExperimentConfig
+
+
+@ray.remote
+class ModelActor:
+    """One model (and optionally a guidance classifier) on this actor's CPU thread or GPU."""
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        diffusion_config: DiffusionConfig,
+        weights: dict[str, Any],
+        *,
+        threads: int = 1,
+        classifier: tuple[Any, dict[str, Any], float] | None = None,
+    ) -> None:
+        import torch
+
+        from raydiff.factory import create_gaussian_diffusion, create_model
+
+        torch.set_num_threads(threads)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
+        model.load_state_dict(weights, strict=True)
+        if config.model.use_fp16:
+            model.convert_to_fp16()
+        self.model = model.eval().to(self.device)
+        self.diffusion = create_gaussian_diffusion(diffusion_config)
+        self.image_shape = (
+            config.model.in_channels,
+            config.model.image_size,
+            config.model.image_size,
+        )
+        self.cond_fn = None
+        if classifier is not None:
+            from raydiff.sample.classifier import classifier_cond_fn, create_classifier
+
+            classifier_config, classifier_weights, scale = classifier
+            net = create_classifier(classifier_config)
+            net.load_state_dict(classifier_weights, strict=True)
+            if classifier_config.classifier_use_fp16:
+                net.convert_to_fp16()
+            self.cond_fn = classifier_cond_fn(net.eval().to(self.device), scale=scale)
+
+    def sample(
+        self, indices: range, labels: np.ndarray | None, options: Any
+    ) -> tuple[int, np.ndarray]:
+        """``(indices.start, uint8 [N, H, W, C] samples)`` (``options``: a ``SampleOptions``)."""
+        from raydiff.sample.generate import generate
+
+        return indices.start, generate(
+            self.model,
+            self.diffusion,
+            indices=indices,
+            image_shape=self.image_shape,
+            seed=options.seed,
+            use_ddim=options.use_ddim,
+            eta=options.eta,
+            clip_denoised=options.clip_denoised,
+            labels=labels,
+            cond_fn=self.cond_fn,
+        )
+
+    def bpd(
+        self,
+        indices: range,
+        images: np.ndarray,
+        labels: np.ndarray | None,
+        *,
+        seed: int,
+        clip_denoised: bool,
+    ) -> tuple[int, dict[str, np.ndarray]]:
+        """``(indices.start, every term of the bound)`` for the dataset's images ``indices``
+        (float ``[N, C, H, W]`` in [-1, 1])."""
+        import torch
+
+        from raydiff.evaluate.bpd import image_bpd_terms
+
+        return indices.start, image_bpd_terms(
+            self.model,
+            self.diffusion,
+            images=torch.tensor(images),  # Ray's arguments are read-only views
+            indices=indices,
+            seed=seed,
+            labels=torch.tensor(labels) if labels is not None else None,
+            clip_denoised=clip_denoised,
+        )
+
+
+def start_model_actors(
+    config: ExperimentConfig,
+    diffusion_config: DiffusionConfig,
+    weights: dict[str, Any],
+    *,
+    num_workers: int,
+    use_gpu: bool,
+    classifier: tuple[Any, dict[str, Any], float] | None = None,
+) -> list[Any]:
+    """``num_workers`` actors of one CPU (one thread) or one GPU each, sharing one copy of the
+    weights in the object store."""
+    weights_ref = ray.put({k: v.cpu() for k, v in weights.items()})
+    if classifier is not None:
+        classifier = (classifier[0], ray.put(classifier[1]), classifier[2])
+    resources = {"num_gpus": 1} if use_gpu else {"num_cpus": 1}
+    return [
+        ModelActor.options(**resources).remote(
+            config, diffusion_config, weights_ref, threads=1, classifier=classifier
+        )
+        for _ in range(num_workers)
+    ]
+
+
+def map_batches_in_order(
+    actors: list[Any],
+    batches: list[range],
+    call: Callable[[Any, range], Any],
+    *,
+    on_result: Callable[[range, Any], None] | None = None,
+) -> list[Any]:
+    """``call(actor, batch)`` (an actor method's ``.remote(...)``, whose result is
+    ``(batch.start, value)``) for every batch on whichever actor is free; returns the values in
+    ``batches``' order. ``on_result`` sees each batch's value as it arrives (progress bars)."""
+    from ray.util import ActorPool
+
+    by_start = {b.start: b for b in batches}
+    values: dict[int, Any] = {}
+    for start, value in ActorPool(actors).map_unordered(call, batches):
+        values[start] = value
+        if on_result is not None:
+            on_result(by_start[start], value)
+    return [values[b.start] for b in batches]
+
+
+def kill_actors(actors: Iterable[Any]) -> None:
+    for actor in actors:
+        ray.kill(actor)
