@@ -582,6 +582,38 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_address_argument(bpd)
 
+    fid = metrics.add_parser(
+        "fid",
+        help="FID and KID of samples against a reference (Inception weights from a local file)",
+        description="FID and KID between samples (a `raydiff sample` folder or npz, or an image "
+        "folder) and a reference (a prepared dataset's split, an npz or an image folder), with "
+        "the standard FID Inception network (torch-fidelity's) read from a local weights file. "
+        "A prepared dataset's reference features are cached next to it.",
+    )
+    fid.add_argument(
+        "--samples", required=True, help="a `raydiff sample --out` folder, an npz or image folder"
+    )
+    fid.add_argument(
+        "--reference",
+        default=None,
+        help="a prepared dataset (its --split), an npz or an image folder (default: the dataset "
+        "the samples' model trained on, for a `raydiff sample` folder)",
+    )
+    fid.add_argument(
+        "--split", default="test", help="the reference dataset's split (default: test)"
+    )
+    fid.add_argument(
+        "--inception",
+        default=None,
+        help="the FID Inception weights file (default: $RAYDIFF_INCEPTION, else "
+        "~/.cache/raydiff/weights-inception-2015-12-05-6726825d.pth)",
+    )
+    fid.add_argument(
+        "--num-images", type=int, default=None, help="use at most N images of each side"
+    )
+    fid.add_argument("--batch-size", type=int, default=64, help="Inception batch (default: 64)")
+    fid.add_argument("--out", default=None, help="results JSON (default: beside the samples)")
+
 
 def run_evaluate(args: argparse.Namespace) -> int:
     """``raydiff evaluate bpd`` / ``fid``: compute, print the JSON, say where it went."""
@@ -617,6 +649,23 @@ def run_evaluate(args: argparse.Namespace) -> int:
         )
         print(f"results: {result.json_path}")
         print(f"terms:   {result.terms_path}")
+        if result.tensorboard_run is not None:
+            print(f"tensorboard: tensorboard --logdir {result.tensorboard_run / 'tensorboard'}")
+        return 0
+    if args.metric == "fid":
+        from raydiff.orchestrate.evaluation import run_fid
+
+        result = run_fid(
+            samples=args.samples,
+            reference=args.reference,
+            split=args.split,
+            inception=args.inception,
+            num_images=args.num_images,
+            batch_size=args.batch_size,
+            out=args.out,
+        )
+        print(json.dumps(result.summary, indent=2))
+        print(f"results: {result.json_path}")
         if result.tensorboard_run is not None:
             print(f"tensorboard: tensorboard --logdir {result.tensorboard_run / 'tensorboard'}")
         return 0

@@ -27,6 +27,88 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
+class FidResult:
+    """FID/KID and what they were computed between, and where they were written."""
+
+    summary: dict[str, Any]
+    json_path: Path
+    tensorboard_run: Path | None
+
+
+def run_fid(
+    *,
+    samples: str,
+    reference: str | None,
+    split: str = "test",
+    inception: str | None = None,
+    num_images: int | None = None,
+    batch_size: int = 64,
+    out: str | None = None,
+) -> FidResult:
+    """FID and KID of ``samples`` against ``reference`` in this process (no Ray: one Inception
+    pass over each side). Samples written by ``raydiff sample`` know their checkpoint: the
+    reference defaults to its dataset, and a run's checkpoint gets the result in its TensorBoard.
+    """
+    import json
+
+    from raydiff.evaluate.fid import compute_fid
+    from raydiff.evaluate.report import add_to_tensorboard, run_checkpoint, write_json
+    from raydiff.sample.outputs import SAMPLING_RECORD
+
+    samples_path = Path(samples)
+    if not samples_path.exists():
+        raise FileNotFoundError(f"--samples {samples!r} does not exist")
+    folder = samples_path if samples_path.is_dir() else samples_path.parent
+    record_file = folder / SAMPLING_RECORD
+    record = json.loads(record_file.read_text()) if record_file.is_file() else {}
+    run = run_checkpoint(record["checkpoint"]) if record.get("checkpoint") else None
+    if reference is None:
+        if run is None:
+            raise UserInputError(
+                "--reference is needed: the samples do not come from a raydiff run's checkpoint "
+                "(give a prepared dataset, an npz or an image folder)"
+            )
+        from raydiff.config import ExperimentConfig, from_dict
+
+        config = from_dict(
+            ExperimentConfig, json.loads((run.checkpoint / "config.json").read_text())
+        )
+        reference = config.data.data_dir
+    if samples_path.is_dir():
+        # A `raydiff sample --out` folder: its npz (the PNGs hold the same pixels).
+        npz = sorted(samples_path.glob("samples_*.npz"))
+        if len(npz) == 1:
+            samples_path = npz[0]
+    result = compute_fid(
+        samples=samples_path,
+        reference=reference,
+        split=split,
+        inception=inception,
+        num_images=num_images,
+        batch_size=batch_size,
+        progress=True,
+    )
+    summary = {
+        **result,
+        "samples": str(samples_path.resolve()),
+        "reference": str(reference),
+        "split": split,
+    }
+    if record.get("checkpoint"):
+        summary["checkpoint"] = record["checkpoint"]
+    json_path = write_json(Path(out) if out else folder / f"fid_{split}.json", summary)
+    if run is not None:
+        add_to_tensorboard(
+            run.run_dir,
+            step=run.step,
+            scalars={f"fid_{split}": result["fid"], f"kid_{split}": result["kid_mean"]},
+        )
+    return FidResult(
+        summary=summary, json_path=json_path, tensorboard_run=run.run_dir if run else None
+    )
+
+
+@dataclass(kw_only=True)
 class BpdResult:
     """The bound's summary (``bpd``, ``bpd_stderr``, its parts) and where it was written."""
 

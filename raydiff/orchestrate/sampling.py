@@ -27,12 +27,9 @@ from raydiff.orchestrate.model_actor import kill_actors, map_batches_in_order, s
 from raydiff.sample.generate import index_batches, sample_labels
 from raydiff.sample.load import load_sampling_model
 from raydiff.sample.options import SampleOptions, sampling_diffusion_config
-from raydiff.sample.outputs import write_grid, write_npz, write_pngs
+from raydiff.sample.outputs import SAMPLING_RECORD, write_grid, write_npz, write_pngs
 
 logger = logging.getLogger(__name__)
-
-SAMPLING_RECORD = "sampling.json"
-"""In a ``raydiff sample --out`` folder: the options it ran with (the checkpoint resolved)."""
 
 
 @dataclass(kw_only=True)

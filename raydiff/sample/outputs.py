@@ -8,6 +8,10 @@ import numpy as np
 
 from raydiff.train.sample_grid import save_png, tile
 
+SAMPLING_RECORD = "sampling.json"
+"""In a ``raydiff sample --out`` folder: the options it ran with (the checkpoint resolved), so
+``raydiff evaluate fid`` knows the samples' model, dataset and run."""
+
 
 def npz_name(samples: np.ndarray) -> str:
     """improved-diffusion's file name for ``[N, H, W, C]`` samples: ``samples_NxHxWxC.npz``."""

@@ -1,0 +1,69 @@
+"""`raydiff evaluate fid`: the missing-weights message, and samples that know their run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from raydiff.config import config_from_flags, to_dict
+from raydiff.evaluate import fid
+from raydiff.sample.outputs import SAMPLING_RECORD, write_npz
+
+pytestmark = pytest.mark.unit
+
+
+def test_without_the_weights_file_the_command_names_it(tmp_path, capsys, tiny_prepared):
+    from raydiff.cli import main
+
+    npz = write_npz(np.zeros((4, 8, 8, 1), np.uint8), tmp_path)
+    argv = ["evaluate", "fid", "--samples", str(npz), "--reference", str(tiny_prepared)]
+    assert main([*argv, "--inception", str(tmp_path / "nope.pth")]) == 1
+    err = capsys.readouterr().err
+    assert fid.INCEPTION_WEIGHTS_FILE in err and "--inception" in err
+
+
+class TinyFeatures(torch.nn.Module):
+    """A random conv feature extractor with Inception's interface (uint8 [B, 3, H, W])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x.float() / 255).mean(dim=(2, 3))
+
+
+def test_samples_of_a_runs_checkpoint_default_to_its_dataset_and_reach_its_tensorboard(
+    tmp_path, tiny_prepared, monkeypatch
+):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from raydiff.orchestrate.evaluation import run_fid
+
+    monkeypatch.setattr(fid, "load_inception", lambda path, device="cpu": TinyFeatures())
+    config = config_from_flags(
+        {"image_size": "8", "in_channels": "1", "channel_mult": "1,2", "attention_resolutions": "4"}
+    )
+    config.data.data_dir = str(tiny_prepared)
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoint_000040"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text(json.dumps(to_dict(config)))
+    (run / "config.json").write_text(json.dumps(to_dict(config)))
+    samples = tmp_path / "samples"
+    rng = np.random.default_rng(0)
+    write_npz(rng.integers(0, 256, (6, 8, 8, 1), dtype=np.uint8), samples)
+    (samples / SAMPLING_RECORD).write_text(json.dumps({"checkpoint": str(checkpoint)}))
+
+    result = run_fid(samples=str(samples), reference=None, split="train")
+    assert result.summary["reference"] == str(tiny_prepared)
+    assert result.summary["num_samples"] == 6 and result.summary["fid"] > 0
+    assert json.loads((samples / "fid_train.json").read_text())["fid"] == result.summary["fid"]
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    (scalar,) = events.Scalars("eval/fid_train")
+    assert scalar.step == 40 and scalar.value == pytest.approx(result.summary["fid"])
