@@ -39,8 +39,8 @@ class ModelActor:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
         model.load_state_dict(weights, strict=True)
-        if config.model.use_fp16:
-            model.convert_to_fp16()
+        if config.model.use_fp16 and self.device.type == "cuda":
+            model.convert_to_fp16()  # improved-diffusion's --use_fp16: half precision on GPU only
         self.model = model.eval().to(self.device)
         self.diffusion = create_gaussian_diffusion(diffusion_config)
         self.image_shape = (
@@ -55,7 +55,7 @@ class ModelActor:
             classifier_config, classifier_weights, scale = classifier
             net = create_classifier(classifier_config)
             net.load_state_dict(classifier_weights, strict=True)
-            if classifier_config.classifier_use_fp16:
+            if classifier_config.classifier_use_fp16 and self.device.type == "cuda":
                 net.convert_to_fp16()
             self.cond_fn = classifier_cond_fn(net.eval().to(self.device), scale=scale)
 

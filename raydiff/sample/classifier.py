@@ -111,8 +111,6 @@ def load_classifier(path: str | Path, config: ClassifierConfig) -> EncoderUNetMo
         raise FileNotFoundError(f"--classifier {str(path)!r} does not exist")
     classifier = create_classifier(config)
     load_model_weights(classifier, path)
-    if config.classifier_use_fp16:
-        classifier.convert_to_fp16()
     return classifier.eval()
 
 
