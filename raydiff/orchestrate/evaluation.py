@@ -223,9 +223,11 @@ def run_bpd(options: BpdOptions, *, address: str | None = None) -> BpdResult:
     seconds = time.monotonic() - start
     terms = concatenate_terms(parts)
     summary = summarize_terms(terms, num_timesteps=diffusion.num_timesteps)
-    # A respaced chain's bound is another quantity: it gets its own files and curve.
+    # A respaced chain's bound, or the bound without clipping, is another quantity: it gets its
+    # own files and curve.
     respacing = diffusion_config.timestep_respacing
     stem = f"bpd_{options.split}" + (f"_respaced{respacing}" if respacing else "")
+    stem += "" if options.clip_denoised else "_noclip"
     terms_path = write_terms(
         out / f"{stem}_terms.npz",
         terms,
