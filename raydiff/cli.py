@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from raydiff.errors import ConfigError, UserInputError
+from raydiff.errors import ConfigError, RunFailedError, RunInterruptedError, UserInputError
 
 if TYPE_CHECKING:
     from raydiff.data.manifest import Manifest
@@ -26,8 +26,11 @@ logger = logging.getLogger(__name__)
 
 # Exit codes: 0 success, 1 a user error with a message (bad input, existing output), 2 argparse.
 EXIT_USER_ERROR = 1
-# A sweep stopped by Ctrl-C (continue it with --resume), as shells report SIGINT.
+# A sweep or a training run stopped by Ctrl-C (continue it with --resume / the same command), as
+# shells report SIGINT.
 EXIT_INTERRUPTED = 130
+# A run that failed after its automatic restarts (RunFailedError): running it again continues it.
+EXIT_RUN_FAILED = 3
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         f"the config's data.data_dir; {DEFAULT_DATA}, the demo's, is prepared from "
         "fashion-mnist when missing)",
     )
-    parser.add_argument("--output", default="runs/demo", help="run folder (default: %(default)s)")
+    parser.add_argument(
+        "--output",
+        default="runs/demo",
+        help="run folder: a local path or a URI pyarrow reads, e.g. s3://bucket/prefix/run (S3 "
+        "from the standard AWS_* variables, AWS_ENDPOINT_URL included) (default: %(default)s)",
+    )
     parser.add_argument("--max-steps", type=int, default=None, help="sets train.max_steps")
     parser.add_argument(
         "--num-workers", type=int, default=None, help="sets scaling.num_workers (Ray Train workers)"
@@ -246,7 +254,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resume",
         default=None,
-        help="checkpoint folder to continue from (default: the newest under --output)",
+        help="checkpoint folder (or URI) to continue from (default: the newest under --output)",
     )
     parser.add_argument(
         "--evaluate-checkpoints",
@@ -260,9 +268,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """Build the config, check it, prepare the embedded dataset if needed, and train."""
-    from pathlib import Path
-
     from raydiff.config import load_config
+    from raydiff.storage import resolve_location
     from raydiff.train.preflight import fit_to_data
 
     overrides = list(args.overrides)
@@ -285,14 +292,14 @@ def run_train(args: argparse.Namespace) -> int:
     config.train.per_worker_batch(1 if args.single_process else config.scaling.num_workers)
     manifest = manifest_preparing_demo(config.data.data_dir)  # read once for the whole run
     config = fit_to_data(config, manifest, keep_channels=_sets_field(overrides, "in_channels"))
-    output = Path(args.output)
+    output = resolve_location(args.output)  # an absolute local path, or a URI (s3://, gs://)
     if args.single_process:
         from raydiff.train.local import run_single_process
 
         result = run_single_process(
             config,
             output_dir=output,
-            resume=Path(args.resume) if args.resume else None,
+            resume=args.resume or None,
             manifest=manifest,
         )
     else:
@@ -309,8 +316,8 @@ def run_train(args: argparse.Namespace) -> int:
     if "evaluation" in result:
         evaluation = result["evaluation"]
         print(f"evaluation:    {_format_metrics(evaluation) or evaluation.get('error')}")
-    print(f"run folder:    {output.resolve()}")
-    print(f"tensorboard:   tensorboard --logdir {output.resolve() / 'tensorboard'}")
+    print(f"run folder:    {output}")
+    print(f"tensorboard:   tensorboard --logdir {output / 'tensorboard'}")
     return 0
 
 
@@ -383,6 +390,9 @@ def run_sweep(args: argparse.Namespace) -> int:
             raise UserInputError(
                 "give --config SWEEP.yaml and --output DIR (or --resume DIR to continue a sweep)"
             )
+        from raydiff.orchestrate.sweep import sweep_folder
+
+        sweep_folder("--output", args.output)  # a URI is refused before the trials are checked
         from raydiff.sweep.spec import load_sweep
 
         overrides = list(args.overrides)
@@ -752,6 +762,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = render_error(error, args)
         print(f"raydiff {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except RunFailedError as error:
+        # Not the user's mistake, but their next step is in the message (Ray's error: -v).
+        logger.debug("details", exc_info=True)
+        print(f"raydiff {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    except RunInterruptedError as error:
+        print(f"raydiff {args.command}: {error}", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 # Flags of `raydiff train` that set a config field: (section, field) -> (flag, argparse dest).

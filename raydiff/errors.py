@@ -2,7 +2,9 @@
 
 The command line prints a :class:`UserInputError` as one line, without a traceback; any other
 exception is a bug (or a failure outside the user's hands) and keeps its traceback. Both are
-``ValueError`` subclasses, so code that catches ``ValueError`` keeps working.
+``ValueError`` subclasses, so code that catches ``ValueError`` keeps working. A
+:class:`RunFailedError` (a run that recovery gave up on) and a :class:`RunInterruptedError`
+(Ctrl-C) are printed as their message too.
 
 This module imports nothing else of raydiff (nor torch or Ray): every layer may raise these.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["ConfigError", "UserInputError"]
+__all__ = ["ConfigError", "RunFailedError", "RunInterruptedError", "UserInputError"]
 
 
 class UserInputError(ValueError):
@@ -49,3 +51,16 @@ class ConfigError(UserInputError):
             type(self), section=self.section, field=self.field, value=self.value, reason=self.reason
         )
         return rebuild, ()
+
+
+class RunFailedError(RuntimeError):
+    """A run stopped by failures outside the user's hands after automatic recovery gave up
+    (Ray Train's ``scaling.max_failures`` restarts used up).
+
+    The message says what failed, the last complete checkpoint the run left and how to continue;
+    the original error is its ``__cause__`` (the command line shows it with ``-v``).
+    """
+
+
+class RunInterruptedError(RuntimeError):
+    """The user stopped a run (Ctrl-C); the message says where it stands and how to continue."""

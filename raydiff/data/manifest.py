@@ -9,6 +9,7 @@ from typing import Any
 
 from raydiff.data.shards import ShardInfo, file_sha256
 from raydiff.errors import UserInputError
+from raydiff.storage import is_remote, open_filesystem
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -106,11 +107,6 @@ class Manifest:
         )
 
 
-def is_remote(uri: str) -> bool:
-    """True for URIs with a scheme other than ``file://`` (s3://, gs://, hdfs://, ...)."""
-    return "://" in uri and not uri.startswith("file://")
-
-
 def resolve_root(uri: str) -> str:
     """An absolute local path (training workers chdir elsewhere) or the remote URI unchanged."""
     if is_remote(uri):
@@ -127,7 +123,7 @@ def load_manifest(uri: str) -> Manifest:
     if is_remote(root):
         import pyarrow.fs
 
-        filesystem, path = pyarrow.fs.FileSystem.from_uri(root)
+        filesystem, path = open_filesystem(root)  # S3 from the AWS environment
         info = filesystem.get_file_info(f"{path}/{MANIFEST_NAME}")
         if info.type == pyarrow.fs.FileType.NotFound:
             raise FileNotFoundError(f"no {MANIFEST_NAME} at {root!r}: {hint}")

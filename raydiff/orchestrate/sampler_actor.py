@@ -51,6 +51,7 @@ import torch
 
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import LossSecondMomentResampler, ScheduleSampler
+from raydiff.storage import RemotePath, as_location, local_copy
 from raydiff.train.checkpoint import latest_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -73,8 +74,8 @@ class LossHistoryActor:
     def __init__(
         self,
         num_timesteps: int,
-        run_dir: str | None = None,
-        resume_checkpoint: str | None = None,
+        run_dir: str | RemotePath | None = None,
+        resume_checkpoint: str | RemotePath | None = None,
     ) -> None:
         # Also what Ray re-runs, with these same arguments, when it restarts the actor.
         self._restored_from, history = checkpointed_history(run_dir, resume_checkpoint)
@@ -116,30 +117,30 @@ class LossHistoryActor:
 
 
 def checkpointed_history(
-    run_dir: str | os.PathLike[str] | None, resume_checkpoint: str | os.PathLike[str] | None = None
-) -> tuple[Path | None, dict[str, torch.Tensor] | None]:
+    run_dir: str | os.PathLike[str] | RemotePath | None,
+    resume_checkpoint: str | os.PathLike[str] | RemotePath | None = None,
+) -> tuple[Path | RemotePath | None, dict[str, torch.Tensor] | None]:
     """The checkpoint a (re)started actor takes its history from, and that history.
 
     The newest complete checkpoint in ``run_dir``, else ``resume_checkpoint``, else none. The
     history is ``None`` without a checkpoint or when the checkpoint's sampler kept none (a
     uniform-sampler run).
     """
-    source = latest_checkpoint(Path(run_dir)) if run_dir else None
+    source = latest_checkpoint(run_dir) if run_dir else None
     if source is None and resume_checkpoint:
-        source = Path(resume_checkpoint)
+        source = as_location(resume_checkpoint)
     if source is None:
         return None, None
-    # mmap: only the sampler's tensors are read, not the optimiser state next to them.
-    trainer_state = torch.load(
-        source / "trainer.pt", map_location="cpu", weights_only=True, mmap=True
-    )
-    sampler_state = trainer_state.get("sampler", {})
-    if "loss_history" not in sampler_state:
-        return source, None
-    return source, {
-        "loss_history": sampler_state["loss_history"].clone(),
-        "loss_counts": sampler_state["loss_counts"].clone(),
-    }
+    with local_copy(source / "trainer.pt") as trainer_file:  # a run folder's URI: downloaded
+        # mmap: only the sampler's tensors are read, not the optimiser state next to them.
+        trainer_state = torch.load(trainer_file, map_location="cpu", weights_only=True, mmap=True)
+        sampler_state = trainer_state.get("sampler", {})
+        if "loss_history" not in sampler_state:
+            return source, None
+        return source, {
+            "loss_history": sampler_state["loss_history"].clone(),
+            "loss_counts": sampler_state["loss_counts"].clone(),
+        }
 
 
 def history_sampler(
@@ -170,8 +171,8 @@ def get_or_create_actor(
     run_name: str,
     *,
     num_timesteps: int,
-    run_dir: str | os.PathLike[str] | None = None,
-    resume_checkpoint: str | os.PathLike[str] | None = None,
+    run_dir: str | os.PathLike[str] | RemotePath | None = None,
+    resume_checkpoint: str | os.PathLike[str] | RemotePath | None = None,
 ) -> ray.actor.ActorHandle:
     """The run's named actor, created if it does not exist (one per run).
 
@@ -191,11 +192,17 @@ def get_or_create_actor(
         namespace=ACTOR_NAMESPACE,
         get_if_exists=True,
         lifetime="detached",
-    ).remote(
-        num_timesteps,
-        None if run_dir is None else str(Path(run_dir).resolve()),
-        None if resume_checkpoint is None else str(Path(resume_checkpoint).resolve()),
-    )
+    ).remote(num_timesteps, _actor_location(run_dir), _actor_location(resume_checkpoint))
+
+
+def _actor_location(
+    location: str | os.PathLike[str] | RemotePath | None,
+) -> str | RemotePath | None:
+    """An absolute local path (the actor runs elsewhere), or a RemotePath with its filesystem
+    (its credentials included: the actor may run where the environment has none)."""
+    if location is None or isinstance(location, RemotePath):
+        return location
+    return str(Path(location).resolve())
 
 
 def kill_actor(run_name: str) -> None:
@@ -222,8 +229,8 @@ class ActorSyncedSampler(ScheduleSampler):
         seed: int,
         refresh_interval: int = 10,
         broadcast: Any = None,
-        run_dir: str | os.PathLike[str] | None = None,
-        resume_checkpoint: str | os.PathLike[str] | None = None,
+        run_dir: str | os.PathLike[str] | RemotePath | None = None,
+        resume_checkpoint: str | os.PathLike[str] | RemotePath | None = None,
     ) -> None:
         super().__init__(diffusion.num_timesteps, seed=seed)
         self.run_name = run_name

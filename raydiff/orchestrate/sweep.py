@@ -44,6 +44,7 @@ from raydiff.orchestrate.trainer import (
     run_training_job,
     sampler_actor_key,
 )
+from raydiff.storage import is_remote
 from raydiff.sweep.results import (
     TrialRow,
     best_row,
@@ -324,6 +325,16 @@ def _tuner(
     )
 
 
+def sweep_folder(flag: str, folder: str | Path) -> Path:
+    """The sweep folder as an absolute path; a URI is refused (one line, naming what works)."""
+    if is_remote(str(folder)):
+        raise UserInputError(
+            f"{flag} {folder}: a sweep folder must be a local (or shared-disk) path; URIs "
+            "(s3://, gs://, ...) are supported by raydiff train --output"
+        )
+    return Path(folder).expanduser().resolve()
+
+
 def start_sweep(
     loaded: LoadedSweep,
     *,
@@ -332,7 +343,7 @@ def start_sweep(
     address: str | None = None,
 ) -> SweepOutcome:
     """Run a new sweep into ``output_dir``; refuses a folder that already holds anything."""
-    out = Path(output_dir).expanduser().resolve()
+    out = sweep_folder("--output", output_dir)
     if (out / SWEEP_FILE).is_file():
         raise UserInputError(
             f"--output {output_dir} holds a sweep already: continue it with `raydiff sweep "
@@ -356,7 +367,7 @@ def start_sweep(
 
 def resume_sweep(output_dir: str | Path, *, address: str | None = None) -> SweepOutcome:
     """Continue the sweep in ``output_dir`` (interrupted trials from their newest checkpoint)."""
-    out = Path(output_dir).expanduser().resolve()
+    out = sweep_folder("--resume", output_dir)
     if not (out / SWEEP_FILE).is_file():
         raise UserInputError(
             f"--resume {output_dir}: no sweep there ({SWEEP_FILE} missing); start one with "

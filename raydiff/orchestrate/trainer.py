@@ -6,6 +6,7 @@ it once per trial.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -16,8 +17,10 @@ from typing import Any
 
 from raydiff.config import ExperimentConfig
 from raydiff.data.manifest import Manifest, load_manifest
-from raydiff.errors import UserInputError
-from raydiff.train.preflight import plan_start
+from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError
+from raydiff.storage import RemotePath, resolve_location
+from raydiff.train.preflight import StartPoint, plan_start
+from raydiff.train.run_lock import run_lock
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +31,29 @@ def absolute_uri(uri: str) -> str:
 
 
 RUN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def check_remote_output(out: RemotePath, config: ExperimentConfig) -> None:
+    """What a run folder given as a URI (``raydiff.storage``) cannot be or do."""
+    if "/" not in out.path:
+        raise UserInputError(
+            f"--output {out}: give the run a folder inside the bucket, e.g. {out}/runs/NAME"
+        )
+    if config.evaluation.every_checkpoint:
+        raise UserInputError(
+            f"--output {out}: evaluation.every_checkpoint (--evaluate-checkpoints) needs a local "
+            "or shared-disk --output; drop it, and evaluate a downloaded checkpoint with "
+            "raydiff evaluate"
+        )
+
+
+def storage_options(run_dir: Path | RemotePath) -> dict[str, Any]:
+    """``RunConfig``'s storage arguments: Ray Train keeps the run (its checkpoints) in
+    ``run_dir``. A URI's filesystem is the driver's (S3 configured from its environment,
+    credentials included: ``raydiff.storage``); Train's controller and workers use it as is."""
+    if isinstance(run_dir, RemotePath):
+        return {"storage_path": run_dir.parent.path, "storage_filesystem": run_dir.filesystem}
+    return {"storage_path": str(run_dir.parent)}
 
 
 def ensure_ray(
@@ -103,8 +129,8 @@ def start_local_ray(*, num_cpus: int, **init_kwargs: Any) -> Any:
     return ray.init(address="local", num_cpus=num_cpus, **init_kwargs)
 
 
-def sampler_actor_key(run_dir: Path) -> str:
-    """The key of the loss-history actor of the run in ``run_dir`` (an absolute path).
+def sampler_actor_key(run_dir: Path | RemotePath) -> str:
+    """The key of the loss-history actor of the run in ``run_dir`` (an absolute path or a URI).
 
     Per run folder, not per folder name: two runs called "demo" in different places must not
     share (or kill) one loss history.
@@ -135,8 +161,8 @@ def run_training_job(
     """
     # Every check runs before Ray is even imported: a bad config must not start a cluster.
     config.data.data_dir = absolute_uri(config.data.data_dir)  # workers chdir into their run folder
-    out = Path(output_dir).expanduser().resolve()
-    resume_path = Path(resume).expanduser().resolve() if resume else None
+    out = resolve_location(output_dir)  # an absolute local path, or a URI (raydiff.storage)
+    resume_path = resolve_location(resume) if resume else None
     if not RUN_NAME.fullmatch(out.name):
         # Ray Train stores the run under storage_path/name: a sanitised name would put the
         # checkpoints in another folder than the one every other file (and resume) uses.
@@ -145,10 +171,40 @@ def run_training_job(
             f"name and may only hold letters, digits, '_', '.' and '-' (e.g. "
             f"{re.sub(r'[^A-Za-z0-9_.-]', '-', out.name)!r})"
         )
+    if isinstance(out, RemotePath):
+        check_remote_output(out, config)
     manifest = manifest or load_manifest(config.data.data_dir)
     start = plan_start(config, output_dir=out, resume=resume_path, manifest=manifest)
     if start.finished is not None:
         return start.finished
+    # One driver per run folder (raydiff.train.run_lock): a second one is refused here, before
+    # Ray starts; the lock is held until this run returns or fails.
+    # Object stores have no locks: one driver per remote run folder is the user's to ensure.
+    with run_lock(out) if isinstance(out, Path) else contextlib.nullcontext():
+        return _train_on_ray(
+            config,
+            out=out,
+            start=start,
+            manifest=manifest,
+            address=address,
+            show_data_progress=show_data_progress,
+            callbacks=callbacks,
+            cached_splits=cached_splits,
+        )
+
+
+def _train_on_ray(
+    config: ExperimentConfig,
+    *,
+    out: Path | RemotePath,
+    start: StartPoint,
+    manifest: Manifest,
+    address: str | None,
+    show_data_progress: bool,
+    callbacks: list[Any] | None,
+    cached_splits: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """:func:`run_training_job` once its checks passed and it holds the run folder."""
     resumed_from, progress = start.checkpoint, start.progress
 
     import ray
@@ -210,11 +266,12 @@ def run_training_job(
         train_loop_config={
             "config": config,  # the typed config itself: it crosses to the workers once
             "actor_key": actor_key,
-            "output_dir": str(out),
-            # What the workers start from when Ray Train has no checkpoint of its own for this
-            # run (after a failure it has, and that one is newer): --resume, or the newest
-            # complete checkpoint in the folder (also one a --single-process run wrote).
-            "resume": str(resumed_from) if resumed_from else None,
+            "output_dir": out,  # a Path, or a RemotePath with its filesystem
+            # What the workers start from while the run folder has no complete checkpoint of
+            # its own (then they take its newest, RayRuntime.resume_checkpoint): --resume, or
+            # the newest complete checkpoint in the folder (also one a --single-process run
+            # wrote).
+            "resume": resumed_from,
             "datasets": sorted(datasets),
         },
         scaling_config=ray.train.ScalingConfig(
@@ -224,7 +281,7 @@ def run_training_job(
         ),
         run_config=ray.train.RunConfig(
             name=run_name,
-            storage_path=str(out.parent),
+            **storage_options(out),
             failure_config=ray.train.FailureConfig(max_failures=scaling.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=scaling.checkpoints_to_keep),
             logging_config=ray.train.LoggingConfig(log_level=train_log_level()),
@@ -243,6 +300,15 @@ def run_training_job(
             from raydiff.orchestrate.checkpoint_eval import wait_for_evaluations
 
             evaluation = wait_for_evaluations(evaluator, last_step=config.train.max_steps)
+    except ray.train.TrainingFailedError as error:  # max_failures used up: say where it stands
+        raise run_failed_error(error, run_dir=out, max_failures=scaling.max_failures) from error
+    except SystemExit as error:
+        # Ctrl-C: Ray Train's SIGINT handler aborts the run, and fit() leaves through SystemExit
+        # with no message (status 0, or 1 from an interrupted ray.get). Say where it stands.
+        raise RunInterruptedError(
+            f"stopped by Ctrl-C (SIGINT); Ray Train stopped the run's workers. "
+            f"{where_it_stands(out)}"
+        ) from error
     finally:
         if actor_needed:
             kill_actor(actor_key)
@@ -252,6 +318,58 @@ def run_training_job(
     if evaluation is not None:
         metrics["evaluation"] = evaluation
     if result.checkpoint is not None:
-        metrics["checkpoint"] = result.checkpoint.path
+        checkpoint = result.checkpoint.path
+        if isinstance(out, RemotePath):  # a path on the run's filesystem: give the URI
+            checkpoint = str(out / Path(checkpoint).name)
+        metrics["checkpoint"] = checkpoint
     metrics["output_dir"] = str(out)
     return metrics
+
+
+def run_failed_error(
+    error: Exception, *, run_dir: Path | RemotePath, max_failures: int
+) -> RunFailedError:
+    """What a user is told when Ray Train gives up on a run (``fit()`` raised
+    ``ray.train.TrainingFailedError``): what failed, after how many restarts, the last complete
+    checkpoint the run left, and how to continue from it."""
+    import ray.train
+
+    if isinstance(error, ray.train.WorkerGroupError):
+        failures = "; ".join(
+            f"rank {rank}: {_first_line(failure)}"
+            for rank, failure in sorted(error.worker_failures.items())
+        )
+        restarts = {0: "without a restart", 1: "after 1 restart"}.get(
+            max_failures, f"after {max_failures} restarts"
+        )
+        what = f"training failed {restarts} (scaling.max_failures={max_failures}): {failures}"
+    else:  # ray.train.ControllerError: Ray Train's own controller failed
+        what = f"Ray Train's controller failed: {_first_line(error)}"
+    return RunFailedError(
+        f"{what}. {where_it_stands(run_dir)} (raise scaling.max_failures, -1 for no limit, to "
+        "ride out more failures; Ray's logs of the failure: raydiff -v, or the cluster's logs/ "
+        "folder)"
+    )
+
+
+def where_it_stands(run_dir: Path | RemotePath) -> str:
+    """The run's last complete checkpoint and how to continue from it, as one sentence."""
+    from raydiff.train.checkpoint import latest_checkpoint, read_progress
+
+    last = latest_checkpoint(run_dir)
+    if last is None:
+        return "It left no complete checkpoint: running the same command again starts over"
+    step = read_progress(last).get("step")
+    return (
+        f"The last complete checkpoint is {last} (step {step}): run the same command again to "
+        "continue from it"
+    )
+
+
+def _first_line(error: BaseException, limit: int = 200) -> str:
+    """An exception as one short line (Ray's worker errors carry whole tracebacks)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    # A worker's traceback ends with the exception itself ("ActorDiedError: ...").
+    text = next((line for line in reversed(lines) if "Error" in line), lines[0] if lines else "")
+    text = text.rstrip(".") or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

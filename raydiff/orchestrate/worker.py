@@ -25,8 +25,14 @@ from raydiff.config import ExperimentConfig
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import ScheduleSampler, UniformSampler
 from raydiff.data.pipeline import iterate_batches
+from raydiff.orchestrate.metrics import TrainingMetrics
 from raydiff.orchestrate.sampler_actor import ActorSyncedSampler
-from raydiff.train.checkpoint import checkpoint_name, write_checkpoint_files
+from raydiff.storage import RemotePath, as_location, local_copy
+from raydiff.train.checkpoint import (
+    checkpoint_name,
+    latest_checkpoint,
+    write_checkpoint_files,
+)
 from raydiff.train.loop import run_loop
 from raydiff.train.runtime import Batch, CheckpointFiles, ValBatches
 from raydiff.train.trainer import DataPosition
@@ -39,7 +45,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 
     ``loop_config``: ``config`` (the ExperimentConfig itself), ``actor_key`` (names the run's
     sampler actor), ``output_dir``, ``resume`` (the checkpoint to start from when Ray Train has
-    none of its own for this run) and ``datasets`` (the names of the datasets passed to Train).
+    none of its own for this run; both local paths, or ``raydiff.storage.RemotePath`` s that
+    carry their filesystem) and ``datasets`` (the names of the datasets passed to Train).
     """
     config: ExperimentConfig = loop_config["config"]
     context = ray.train.get_context()
@@ -48,8 +55,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         rank=context.get_world_rank(),
         world_size=context.get_world_size(),
         actor_key=loop_config["actor_key"],
-        output_dir=Path(loop_config["output_dir"]),
-        resume=Path(loop_config["resume"]) if loop_config["resume"] else None,
+        output_dir=as_location(loop_config["output_dir"]),
+        resume=as_location(loop_config["resume"]) if loop_config["resume"] else None,
         has_val="val" in loop_config["datasets"],
     )
     _configure_logging(runtime.rank)
@@ -66,8 +73,8 @@ class RayRuntime:
         rank: int,
         world_size: int,
         actor_key: str,
-        output_dir: Path,
-        resume: Path | None,
+        output_dir: Path | RemotePath,
+        resume: Path | RemotePath | None,
         has_val: bool,
     ) -> None:
         self.config = config
@@ -78,6 +85,9 @@ class RayRuntime:
         self.has_val = has_val
         self.device = ray.train.torch.get_device()
         self.sampler: ScheduleSampler | None = None
+        # The dashboard's / Prometheus' view of the run (Ray's metrics), tagged with the Ray Train
+        # run name; the figures are reduced over all workers already, so rank 0 alone exports.
+        self.metrics = TrainingMetrics(output_dir.name) if rank == 0 else None
 
     @property
     def is_main(self) -> bool:
@@ -85,14 +95,15 @@ class RayRuntime:
 
     @contextlib.contextmanager
     def resume_checkpoint(self) -> Iterator[Path | None]:
-        # Ray Train's own checkpoint of this run (after a worker failure) is newer than the one
-        # the driver chose at the start (--resume, or the newest in the folder).
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            yield self.resume
-            return
-        with checkpoint.as_directory() as directory:
-            yield Path(directory)
+        # The newest complete checkpoint in the run folder, else the one the driver chose at the
+        # start (--resume). Not ray.train.get_checkpoint(): that is the last checkpoint Ray
+        # Train recorded for the run (also one a driver started again on the folder inherits),
+        # which may be a partial copy that cannot load (a crash mid-copy, a damaged file), or
+        # older than a complete one it had not committed yet when the run failed or was stopped.
+        newest = latest_checkpoint(self.output_dir)
+        start = newest if newest is not None else self.resume
+        with local_copy(start) as path:  # under a URI: every worker downloads it
+            yield path
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         # The UNet has no buffers, so DDP's buffer syncing is moot.
@@ -169,6 +180,8 @@ class RayRuntime:
     def report(
         self, metrics: dict[str, Any], *, step: int, checkpoint: CheckpointFiles | None
     ) -> None:
+        if self.metrics is not None:
+            self.metrics.publish(metrics, sampler=self.sampler)
         if checkpoint is None:
             ray.train.report(metrics)
             return

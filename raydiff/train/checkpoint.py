@@ -18,6 +18,12 @@ from "the newest checkpoint" therefore means the newest *complete* one (:func:`l
 skips the others with a warning). The single-process loop also writes into a temporary sibling
 directory and renames it into place. Files are loaded with ``torch.load(weights_only=True)``:
 no pickled code runs on load.
+
+Run folders and checkpoints may also be URIs (``raydiff.storage.RemotePath``): the functions
+that read metadata (:func:`latest_checkpoint`, :func:`read_progress`, ...) read them in place;
+:func:`load_checkpoint` takes a local folder (``raydiff.storage.local_copy`` downloads one).
+On an object store there is no rename: :func:`save_checkpoint` uploads the files with
+``files.json`` last, and the same completeness rule tells a partial upload.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 import torch
 
 from raydiff.errors import UserInputError
+from raydiff.storage import RemotePath, as_location, upload
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d+)$")
 PROGRESS_FILE = "progress.json"
@@ -71,9 +78,10 @@ def write_checkpoint_files(
     (directory / FILES_FILE).write_text(json.dumps(sizes, indent=2, sort_keys=True))
 
 
-def incomplete_reason(directory: Path) -> str | None:
+def incomplete_reason(directory: Path | RemotePath) -> str | None:
     """Why ``directory`` is not a complete checkpoint (see the module docstring), or None."""
-    listing = Path(directory) / FILES_FILE
+    directory = as_location(directory)
+    listing = directory / FILES_FILE
     if not listing.is_file():
         return f"no {FILES_FILE} (a partial copy, or written by a raydiff before it existed)"
     try:
@@ -81,7 +89,7 @@ def incomplete_reason(directory: Path) -> str | None:
     except ValueError:
         return f"{FILES_FILE} is not valid JSON (a partial copy)"
     for name, size in sizes.items():
-        path = Path(directory) / name
+        path = directory / name
         if not path.is_file():
             return f"{name} is missing"
         if path.stat().st_size != size:
@@ -89,20 +97,22 @@ def incomplete_reason(directory: Path) -> str | None:
     return None
 
 
-def read_progress(directory: Path) -> dict[str, int]:
+def read_progress(directory: Path | RemotePath) -> dict[str, int]:
     """``step``, ``epoch``, ``epoch_samples`` of a checkpoint, without loading any tensor.
 
     The driver uses it to start the data pipeline at the resumed epoch. Checkpoints written before
     ``progress.json`` existed give ``{}``.
     """
-    path = Path(directory) / PROGRESS_FILE
+    path = as_location(directory) / PROGRESS_FILE
     if not path.is_file():
         return {}
     return {k: int(v) for k, v in json.loads(path.read_text()).items()}
 
 
-def save_checkpoint(root: Path, step: int, **files: Any) -> Path:
+def save_checkpoint(root: Path | RemotePath, step: int, **files: Any) -> Path | RemotePath:
     """Atomically create ``root/checkpoint_{step}`` holding ``files`` (see write_checkpoint_files)."""
+    if isinstance(root, RemotePath):
+        return _upload_checkpoint(root, step, **files)
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
     # Temporaries of an earlier process that was killed mid-save (one writer per run folder).
@@ -128,6 +138,17 @@ def save_checkpoint(root: Path, step: int, **files: Any) -> Path:
     return final
 
 
+def _upload_checkpoint(root: RemotePath, step: int, **files: Any) -> RemotePath:
+    """:func:`save_checkpoint` on an object store: ``files.json`` goes last (and an older one of
+    the same step first), so until the upload is complete the checkpoint counts as partial."""
+    final = root / checkpoint_name(step)
+    with tempfile.TemporaryDirectory(prefix=f"{final.name}-") as tmp:
+        write_checkpoint_files(Path(tmp), **files)
+        (final / FILES_FILE).unlink(missing_ok=True)
+        upload(Path(tmp), final, last=FILES_FILE)
+    return final
+
+
 def _fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -136,9 +157,10 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def require_checkpoint_dir(directory: Path) -> Path:
-    """``directory`` as a Path if it holds a raydiff checkpoint, else FileNotFoundError saying why."""
-    directory = Path(directory)
+def require_checkpoint_dir(directory: Path | RemotePath) -> Path | RemotePath:
+    """``directory`` (a Path, or a RemotePath for a URI) if it holds a raydiff checkpoint, else
+    FileNotFoundError saying why."""
+    directory = as_location(directory)
     if not (directory / "model.pt").is_file() or not (directory / "trainer.pt").is_file():
         raise FileNotFoundError(
             f"{directory} is not a raydiff checkpoint (needs model.pt and trainer.pt); "
@@ -166,12 +188,13 @@ def load_checkpoint(directory: Path) -> dict[str, Any]:
     }
 
 
-def latest_checkpoint(root: Path) -> Path | None:
+def latest_checkpoint(root: Path | RemotePath) -> Path | RemotePath | None:
     """The complete checkpoint with the highest step under ``root``.
 
     Temporaries are ignored; partial folders (a copy cut short by a crash, see the module
     docstring) are skipped with a warning, so a run resumes from the newest complete checkpoint.
     """
+    root = as_location(root)
     if not root.is_dir():
         return None
     found = sorted(
@@ -187,10 +210,12 @@ def latest_checkpoint(root: Path) -> Path | None:
     return None
 
 
-def resume_point(output_dir: Path, resume: Path | None) -> Path | None:
+def resume_point(
+    output_dir: Path | RemotePath, resume: Path | RemotePath | None
+) -> Path | RemotePath | None:
     """The checkpoint a run continues from: ``--resume`` when given, else the newest under
     ``output_dir`` (re-running a run continues it), else None (a fresh run)."""
-    return Path(resume) if resume is not None else latest_checkpoint(Path(output_dir))
+    return as_location(resume) if resume is not None else latest_checkpoint(output_dir)
 
 
 def load_model_weights(model: torch.nn.Module, path: str | Path) -> None:

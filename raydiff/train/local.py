@@ -20,9 +20,11 @@ from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import ScheduleSampler, create_named_schedule_sampler
 from raydiff.data.in_memory import infinite_batches, load_split_tensors
 from raydiff.data.manifest import Manifest, load_manifest
+from raydiff.storage import RemotePath, local_copy, resolve_location
 from raydiff.train.checkpoint import save_checkpoint
 from raydiff.train.loop import run_loop
 from raydiff.train.preflight import plan_start
+from raydiff.train.run_lock import run_lock
 from raydiff.train.runtime import Batch, CheckpointFiles, ValBatches
 from raydiff.train.trainer import DataPosition
 
@@ -41,8 +43,8 @@ class LocalRuntime:
         self,
         config: ExperimentConfig,
         *,
-        output_dir: Path,
-        resume: Path | None,
+        output_dir: Path | RemotePath,
+        resume: Path | RemotePath | None,
         images: torch.Tensor,
         labels: torch.Tensor | None,
         val: tuple[torch.Tensor, torch.Tensor | None] | None = None,
@@ -53,10 +55,10 @@ class LocalRuntime:
         self.resume = resume
         self.images, self.labels, self.val = images, labels, val
         self.device = device or torch.device("cpu")
-        self.last_checkpoint: Path | None = None
+        self.last_checkpoint: Path | RemotePath | None = None
 
     def resume_checkpoint(self) -> contextlib.AbstractContextManager[Path | None]:
-        return contextlib.nullcontext(self.resume)
+        return local_copy(self.resume)  # a checkpoint under a URI: downloaded
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.device)
@@ -106,8 +108,8 @@ class LocalRuntime:
 def run_single_process(
     config: ExperimentConfig,
     *,
-    output_dir: Path,
-    resume: Path | None = None,
+    output_dir: str | Path | RemotePath,
+    resume: str | Path | RemotePath | None = None,
     manifest: Manifest | None = None,
     device: torch.device | None = None,
 ) -> dict[str, Any]:
@@ -117,7 +119,7 @@ def run_single_process(
     already at ``train.max_steps`` returns at once. Continues ``resume``, else the newest complete
     checkpoint under ``output_dir``.
     """
-    output_dir = Path(output_dir).resolve()
+    output_dir = resolve_location(output_dir)  # a local folder (absolute) or a URI
     manifest = manifest or load_manifest(config.data.data_dir)
     # One process trains the whole batch: scaling.num_workers does not apply.
     start = plan_start(
@@ -125,25 +127,29 @@ def run_single_process(
     )
     if start.finished is not None:
         return start.finished
-    data = config.data
-    labels_wanted = config.model.class_cond
-    images, labels, _ = load_split_tensors(data.data_dir, data.train_split, manifest=manifest)
-    val = None
-    if data.val_split and data.val_split in manifest.splits:
-        val_images, val_labels, _ = load_split_tensors(
-            data.data_dir, data.val_split, limit=config.train.eval_num_images, manifest=manifest
+    # One driver per run folder, as a Ray run (object stores have no locks: there it is the
+    # user's to ensure).
+    lock = run_lock(output_dir) if isinstance(output_dir, Path) else contextlib.nullcontext()
+    with lock:
+        data = config.data
+        labels_wanted = config.model.class_cond
+        images, labels, _ = load_split_tensors(data.data_dir, data.train_split, manifest=manifest)
+        val = None
+        if data.val_split and data.val_split in manifest.splits:
+            val_images, val_labels, _ = load_split_tensors(
+                data.data_dir, data.val_split, limit=config.train.eval_num_images, manifest=manifest
+            )
+            val = (val_images, val_labels if labels_wanted else None)
+        runtime = LocalRuntime(
+            config,
+            output_dir=output_dir,
+            resume=start.checkpoint,
+            images=images,
+            labels=labels if labels_wanted else None,
+            val=val,
+            device=device,
         )
-        val = (val_images, val_labels if labels_wanted else None)
-    runtime = LocalRuntime(
-        config,
-        output_dir=output_dir,
-        resume=start.checkpoint,
-        images=images,
-        labels=labels if labels_wanted else None,
-        val=val,
-        device=device,
-    )
-    result = run_loop(config, runtime=runtime, output_dir=output_dir)
-    result["checkpoint"] = str(runtime.last_checkpoint or start.checkpoint)
+        result = run_loop(config, runtime=runtime, output_dir=output_dir)
+        result["checkpoint"] = str(runtime.last_checkpoint or start.checkpoint)
     result["output_dir"] = str(output_dir)
     return result

@@ -13,6 +13,11 @@ Files under ``output_dir`` (the main rank writes them)::
     samples/samples_NNNNNN.png       EMA sample grids (DDIM)
     tensorboard/                     TensorBoard event files (scalars, sample grids, histograms)
     config.json                      the resolved config
+
+``output_dir`` may be a URI (``raydiff.storage.RemotePath``): the main rank then writes these
+files into a local staging folder and uploads each one after writing it (TensorBoard's events at
+every checkpoint and at most every ``EVENTS_UPLOAD_INTERVAL_S`` in between; what a failed
+attempt logged after its last checkpoint is dropped on resume anyway, see ``purge_step``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 
 from raydiff.config import ExperimentConfig, to_dict
 from raydiff.seeding import derive_seed
+from raydiff.storage import MirroredFolder, RemotePath
 from raydiff.train.build import build_trainer
 from raydiff.train.checkpoint import load_checkpoint
 from raydiff.train.runtime import Runtime
@@ -51,8 +57,14 @@ logger = logging.getLogger(__name__)
 VAL_BATCH_SIZE = 64
 """Images per forward pass of the validation estimate (per rank)."""
 
+EVENTS_UPLOAD_INTERVAL_S = 60.0
+"""A remote run folder's TensorBoard events are uploaded (whole) at most this often between
+checkpoints."""
 
-def run_loop(config: ExperimentConfig, *, runtime: Runtime, output_dir: Path) -> dict[str, Any]:
+
+def run_loop(
+    config: ExperimentConfig, *, runtime: Runtime, output_dir: Path | RemotePath
+) -> dict[str, Any]:
     """Train until ``config.train.max_steps``; returns the last reported metrics (main rank)."""
     train = config.train
     global_batch = train.batch_size
@@ -81,14 +93,17 @@ def run_loop(config: ExperimentConfig, *, runtime: Runtime, output_dir: Path) ->
 
     diffusion = trainer.diffusion
     batches = runtime.train_batches(batch_size=trainer.local_batch_size, position=position)
-    writer = None
+    writer = files = None
     if runtime.is_main:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+        # Written in place (a local run folder), or staged locally and uploaded (a URI).
+        files = MirroredFolder(output_dir)
+        files.local.mkdir(parents=True, exist_ok=True)
+        (files.local / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+        files.publish("config.json")
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(
-            str(output_dir / "tensorboard"),
+            str(files.local / "tensorboard"),
             # Events a failed attempt logged past the step this one starts from (its checkpoint,
             # or 0 for a run restarted before the first one) are dropped: without this
             # TensorBoard shows two curves over the same steps.
@@ -127,7 +142,7 @@ def run_loop(config: ExperimentConfig, *, runtime: Runtime, output_dir: Path) ->
 
     def sample_grid() -> None:
         """Main rank only, no collective: any step may draw one."""
-        assert writer is not None
+        assert writer is not None and files is not None
         images = ema_samples(
             model=raw_model,
             ema_state=trainer.eval_weights(),
@@ -137,9 +152,16 @@ def run_loop(config: ExperimentConfig, *, runtime: Runtime, output_dir: Path) ->
             seed=derive_seed(train.seed, "sample-grid"),
             num_classes=num_classes,
         )
-        path = save_grid(images, output_dir / "samples" / f"samples_{trainer.step:06d}.png")
+        path = save_grid(images, files.local / "samples" / f"samples_{trainer.step:06d}.png")
         writer.add_images("samples/ema", (images.clamp(-1, 1) + 1) / 2, trainer.step)
-        logger.info("wrote sample grid %s", path)
+        logger.info("wrote sample grid %s", files.publish(path))
+
+    def publish_events(*, now: bool) -> None:
+        """A remote run folder's TensorBoard events so far (``now``: whatever the interval)."""
+        assert writer is not None and files is not None
+        if files.is_remote:
+            writer.flush()
+            files.publish("tensorboard", min_interval_s=0 if now else EVENTS_UPLOAD_INTERVAL_S)
 
     def checkpoint_files() -> dict[str, Any]:
         """What a checkpoint holds (main rank; a loss-history actor is read here)."""
@@ -208,8 +230,11 @@ def run_loop(config: ExperimentConfig, *, runtime: Runtime, output_dir: Path) ->
                 progress_fields(report),
                 format_eta(eta),
             )
+            publish_events(now=is_save)
         runtime.report(report, step=step, checkpoint=checkpoint_files if is_save else None)
         last_report.update(report)
-    if writer is not None:
+    if writer is not None and files is not None:
         writer.close()
+        publish_events(now=True)
+        files.close()
     return last_report

@@ -15,6 +15,7 @@ from typing import Any
 from raydiff.config import ExperimentConfig, apply_overrides, to_dict
 from raydiff.data.manifest import Manifest, check_compatible
 from raydiff.errors import ConfigError, UserInputError
+from raydiff.storage import RemotePath, as_location
 from raydiff.train.checkpoint import read_progress, require_checkpoint_dir, resume_point
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def check_run(
     config: ExperimentConfig,
     *,
     manifest: Manifest,
-    resume: Path | None = None,
+    resume: Path | RemotePath | None = None,
     num_workers: int | None = None,
 ) -> None:
     """Raise ValueError / FileNotFoundError naming the field when the run cannot start.
@@ -102,15 +103,18 @@ def check_run(
             raise FileNotFoundError(f"--resume: {error}") from None
 
 
-def check_resume_target(output_dir: Path, resume: Path | None) -> None:
+def check_resume_target(output_dir: Path | RemotePath, resume: Path | RemotePath | None) -> None:
     """``--resume`` starts a new run folder: refuse one that already holds a run's checkpoints.
 
     Re-running into such a folder continues *its* run (Ray Train restores its own latest
     checkpoint first), so ``--resume`` would be ignored, or two runs' checkpoints would mix.
     """
-    if resume is None or not Path(output_dir).is_dir():
+    output_dir = as_location(output_dir)
+    if resume is None or not output_dir.is_dir():
         return
-    existing = sorted(p.name for p in Path(output_dir).glob("checkpoint_*") if p.is_dir())
+    existing = sorted(
+        p.name for p in output_dir.iterdir() if p.name.startswith("checkpoint_") and p.is_dir()
+    )
     if existing:
         raise UserInputError(
             f"--resume {resume}: the output folder {output_dir} already holds a run "
@@ -123,7 +127,7 @@ def check_resume_target(output_dir: Path, resume: Path | None) -> None:
 class StartPoint:
     """Where a run starts: the checkpoint it continues (None: from scratch) and its progress."""
 
-    checkpoint: Path | None
+    checkpoint: Path | RemotePath | None
     progress: dict[str, int]  # the checkpoint's progress.json ({} from scratch)
     finished: dict[str, Any] | None  # the run's result when it is already at train.max_steps
 
@@ -131,9 +135,9 @@ class StartPoint:
 def plan_start(
     config: ExperimentConfig,
     *,
-    output_dir: Path,
+    output_dir: Path | RemotePath,
     manifest: Manifest,
-    resume: Path | None = None,
+    resume: Path | RemotePath | None = None,
     num_workers: int | None = None,
 ) -> StartPoint:
     """Every check before a run starts (the Ray driver and ``--single-process`` alike), and the
@@ -172,14 +176,15 @@ def plan_start(
 RESUMABLE_CHANGES = frozenset({"model.use_checkpoint", "model.dropout", "model.use_fp16"})
 
 
-def check_resume_compatible(config: ExperimentConfig, checkpoint: Path) -> None:
+def check_resume_compatible(config: ExperimentConfig, checkpoint: Path | RemotePath) -> None:
     """Refuse to continue ``checkpoint`` with other model or diffusion settings.
 
     A different architecture fails deep inside ``load_state_dict``; a different noise schedule,
     T, parameterisation or loss loads fine and silently trains something else. The message names
     each differing field and how to start a new run from the weights instead.
     """
-    saved_file = Path(checkpoint) / "config.json"
+    checkpoint = as_location(checkpoint)
+    saved_file = checkpoint / "config.json"
     if not saved_file.is_file():
         return
     saved = json.loads(saved_file.read_text())
@@ -193,9 +198,12 @@ def check_resume_compatible(config: ExperimentConfig, checkpoint: Path) -> None:
         and f"{section}.{name}" not in RESUMABLE_CHANGES
     ]
     if changed:
+        weights = checkpoint / "model.pt"
+        if not isinstance(weights, Path):  # init_checkpoint is read by every worker: local only
+            weights = f"PATH (a copy of {weights} on a local or shared disk)"
         raise UserInputError(
             f"cannot continue {checkpoint} with different model/diffusion settings ("
             + "; ".join(changed)
             + f"). Use the checkpoint's settings to continue it, or start a new run from its "
-            f"weights: --output NEW_DIR --set train.init_checkpoint={Path(checkpoint) / 'model.pt'}"
+            f"weights: --output NEW_DIR --set train.init_checkpoint={weights}"
         )

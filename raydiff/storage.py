@@ -1,0 +1,303 @@
+"""Run folders on a local disk or on any filesystem pyarrow reaches by URI (s3://, gs://, ...).
+
+A local path stays a :class:`pathlib.Path` everywhere, so local run folders are handled exactly
+as they always were. A URI becomes a :class:`RemotePath`: the few ``Path`` methods raydiff's
+run-folder and checkpoint code calls (``/``, ``name``, ``parent``, ``exists``, ``is_file``,
+``is_dir``, ``iterdir``, ``stat().st_size``, ``read_text``, ``write_text``, ...) on a
+``pyarrow.fs`` filesystem. Code that takes either calls :func:`as_location` on its argument.
+What has to be read with local file APIs (``torch.load``, TensorBoard's writer) goes through a
+local copy: :func:`local_copy` downloads, :class:`MirroredFolder` writes locally and uploads.
+
+S3 follows the standard AWS environment variables: ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY`` (``AWS_SESSION_TOKEN``), ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` and
+``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (MinIO, moto or another S3-compatible store;
+pyarrow 26 ignores the endpoint variables itself, so they are passed as ``endpoint_override``).
+Keys found in the environment are given to the filesystem explicitly, and a pickled
+``S3FileSystem`` keeps explicit keys: a RemotePath made by the driver works in every Ray worker
+and actor, on any node, whatever their environment. Without keys in the environment every
+process uses the AWS SDK's own lookup (its node's instance role, ``~/.aws``). Other schemes
+(``gs://``, ``hdfs://``, ``abfs://``, ...) are ``pyarrow.fs.FileSystem.from_uri``'s, as are S3
+URIs with options (``s3://bucket/run?region=...``).
+
+No Ray here; pyarrow is imported where a URI is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from raydiff.errors import UserInputError
+
+logger = logging.getLogger(__name__)
+
+
+def is_remote(uri: str) -> bool:
+    """True for URIs with a scheme other than ``file://`` (s3://, gs://, hdfs://, ...)."""
+    return "://" in uri and not uri.startswith("file://")
+
+
+def as_location(target: str | os.PathLike[str] | RemotePath) -> Path | RemotePath:
+    """``target`` as a :class:`RemotePath` (a URI, or one already) or a ``Path`` (as given)."""
+    if isinstance(target, RemotePath):
+        return target
+    text = os.fspath(target)
+    if is_remote(text):
+        return RemotePath.from_uri(text)
+    return Path(text.removeprefix("file://"))
+
+
+def resolve_location(target: str | os.PathLike[str] | RemotePath) -> Path | RemotePath:
+    """:func:`as_location`, a local path made absolute (Ray workers run in other folders)."""
+    location = as_location(target)
+    return location if isinstance(location, RemotePath) else location.expanduser().resolve()
+
+
+def open_filesystem(uri: str) -> tuple[Any, str]:
+    """``(pyarrow filesystem, path on it)`` for a URI; S3 configured from the environment
+    (see the module docstring)."""
+    import pyarrow.fs
+
+    scheme, _, rest = uri.partition("://")
+    if scheme.lower() != "s3" or "?" in rest:
+        return pyarrow.fs.FileSystem.from_uri(uri)
+    path = rest.strip("/")
+    env = os.environ
+    options: dict[str, Any] = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options["endpoint_override"] = endpoint  # "http://host:port" also sets the scheme
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if not region and not endpoint:
+        # What from_uri does: the bucket's own region (one request), not the SDK's default.
+        try:
+            region = pyarrow.fs.resolve_s3_region(path.partition("/")[0])
+        except OSError as error:
+            raise UserInputError(
+                f"{uri}: cannot look up the bucket's region ({error}); set AWS_REGION, or "
+                "AWS_ENDPOINT_URL for an S3-compatible store"
+            ) from None
+    if region:
+        options["region"] = region
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        options.update(
+            access_key=env["AWS_ACCESS_KEY_ID"],
+            secret_key=env["AWS_SECRET_ACCESS_KEY"],
+            session_token=env.get("AWS_SESSION_TOKEN"),
+        )
+    return pyarrow.fs.S3FileSystem(**options), path
+
+
+class FileStat(NamedTuple):
+    """What :meth:`RemotePath.stat` tells (``os.stat_result``'s field of that name)."""
+
+    st_size: int
+
+
+# Object stores have no folders (a prefix exists while an object is under it): creating one
+# would only write an empty marker object.
+_NO_FOLDERS = frozenset({"s3", "gcs"})
+
+
+@dataclass(frozen=True)
+class RemotePath:
+    """A file or folder on a pyarrow filesystem; pickles with that filesystem.
+
+    ``path``: the filesystem's path (``bucket/prefix/run`` for S3); ``uri``: the same place as a
+    URI, what messages and ``str()`` show.
+    """
+
+    filesystem: Any
+    path: str
+    uri: str
+
+    @classmethod
+    def from_uri(cls, uri: str) -> RemotePath:
+        filesystem, path = open_filesystem(uri)
+        return cls(filesystem, path.rstrip("/"), uri.partition("?")[0].rstrip("/"))
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def __truediv__(self, name: str | os.PathLike[str]) -> RemotePath:
+        name = os.fspath(name).strip("/")
+        return RemotePath(self.filesystem, f"{self.path}/{name}", f"{self.uri}/{name}")
+
+    @property
+    def name(self) -> str:
+        return self.path.rpartition("/")[2]
+
+    @property
+    def parent(self) -> RemotePath:
+        return RemotePath(
+            self.filesystem, self.path.rpartition("/")[0], self.uri.rpartition("/")[0]
+        )
+
+    def _type(self) -> Any:
+        return self.filesystem.get_file_info(self.path).type
+
+    def exists(self) -> bool:
+        import pyarrow.fs
+
+        return self._type() != pyarrow.fs.FileType.NotFound
+
+    def is_file(self) -> bool:
+        import pyarrow.fs
+
+        return self._type() == pyarrow.fs.FileType.File
+
+    def is_dir(self) -> bool:
+        import pyarrow.fs
+
+        return self._type() == pyarrow.fs.FileType.Directory
+
+    def iterdir(self) -> Iterator[RemotePath]:
+        """The folder's entries (none when it does not exist), in no particular order."""
+        import pyarrow.fs
+
+        selector = pyarrow.fs.FileSelector(self.path, allow_not_found=True)
+        for info in self.filesystem.get_file_info(selector):
+            yield self / info.base_name
+
+    def stat(self) -> FileStat:
+        info = self.filesystem.get_file_info(self.path)
+        if info.size is None:
+            raise FileNotFoundError(f"{self} is not a file")
+        return FileStat(st_size=info.size)
+
+    def read_bytes(self) -> bytes:
+        if not self.is_file():
+            raise FileNotFoundError(f"{self} does not exist")
+        with self.filesystem.open_input_stream(self.path) as f:
+            return f.read()
+
+    def read_text(self, encoding: str = "utf-8") -> str:
+        return self.read_bytes().decode(encoding)
+
+    def write_bytes(self, data: bytes) -> None:
+        """Replace the file as a whole: an object store publishes an object when its upload
+        completes; on a local filesystem a temporary file is renamed into place."""
+        self.parent.mkdir()
+        if self.filesystem.type_name != "local":
+            with self.filesystem.open_output_stream(self.path) as f:
+                f.write(data)
+            return
+        tmp = f"{self.path}.tmp-{os.getpid()}"
+        with self.filesystem.open_output_stream(tmp) as f:
+            f.write(data)
+        self.filesystem.move(tmp, self.path)
+
+    def write_text(self, text: str, encoding: str = "utf-8") -> None:
+        self.write_bytes(text.encode(encoding))
+
+    def mkdir(self, parents: bool = True, exist_ok: bool = True) -> None:
+        """Create the folder with its parents (nothing to do on an object store)."""
+        if self.filesystem.type_name not in _NO_FOLDERS:
+            self.filesystem.create_dir(self.path, recursive=True)
+
+    def unlink(self, missing_ok: bool = False) -> None:
+        if missing_ok and not self.exists():
+            return
+        self.filesystem.delete_file(self.path)
+
+
+def upload(source: Path, target: RemotePath, *, last: str | None = None) -> None:
+    """Copy the local file or folder ``source`` to ``target`` (a folder's files one by one;
+    those named ``last`` after all the others)."""
+    import pyarrow.fs
+
+    local = pyarrow.fs.LocalFileSystem()
+    if source.is_file():
+        target.parent.mkdir()
+        pyarrow.fs.copy_files(
+            str(source),
+            target.path,
+            source_filesystem=local,
+            destination_filesystem=target.filesystem,
+        )
+        return
+    files = sorted(p for p in source.rglob("*") if p.is_file())
+    for file in sorted(files, key=lambda p: p.name == last):
+        upload(file, target / file.relative_to(source).as_posix())
+
+
+def download(source: RemotePath, target: Path) -> Path:
+    """Copy the file or folder ``source`` to the local path ``target``; returns ``target``."""
+    import pyarrow.fs
+
+    if not source.exists():
+        raise FileNotFoundError(f"{source} does not exist")
+    if source.is_dir():
+        target.mkdir(parents=True, exist_ok=True)  # copy_files makes the folders below it
+    pyarrow.fs.copy_files(
+        source.path,
+        str(target),
+        source_filesystem=source.filesystem,
+        destination_filesystem=pyarrow.fs.LocalFileSystem(),
+    )
+    return target
+
+
+@contextlib.contextmanager
+def local_copy(location: Path | RemotePath | None) -> Iterator[Path | None]:
+    """A local path to read ``location`` from inside the block: a local one (or None) as it is,
+    a remote file or folder downloaded into a temporary folder (under its own name) that is
+    removed after the block."""
+    if not isinstance(location, RemotePath):
+        yield location
+        return
+    with tempfile.TemporaryDirectory(prefix="raydiff-download-") as tmp:
+        local = download(location, Path(tmp) / location.name)
+        logger.info("downloaded %s to %s", location, local)
+        yield local
+
+
+class MirroredFolder:
+    """Files one process writes into a run folder with local file APIs (the config, sample
+    grids, TensorBoard's event files).
+
+    A local run folder is written in place (``local`` is the folder itself and :meth:`publish`
+    does nothing). For a remote one, ``local`` is a temporary staging folder and :meth:`publish`
+    copies a file or folder from it to the same place under the run folder: objects are
+    replaced whole, so a reader never sees half a file.
+    """
+
+    def __init__(self, target: Path | RemotePath) -> None:
+        self.target = target
+        self.is_remote = isinstance(target, RemotePath)
+        self._staging = (
+            tempfile.TemporaryDirectory(prefix="raydiff-run-files-") if self.is_remote else None
+        )
+        self.local = Path(self._staging.name) if self._staging else Path(target)
+        self._published: dict[str, float] = {}
+
+    def publish(
+        self, relative: str | os.PathLike[str], *, min_interval_s: float = 0.0
+    ) -> Path | RemotePath:
+        """Copy ``local/relative`` (or an absolute path under ``local``) to the run folder;
+        returns where it is there. ``min_interval_s``: skip the copy when this path was
+        published less than that long ago."""
+        relative = Path(relative)
+        if relative.is_absolute():
+            relative = relative.relative_to(self.local)
+        if not isinstance(self.target, RemotePath):
+            return self.target / relative
+        destination = self.target / relative.as_posix()
+        key, now = relative.as_posix(), time.monotonic()
+        if key in self._published and now - self._published[key] < min_interval_s:
+            return destination
+        upload(self.local / relative, destination)
+        self._published[key] = now
+        return destination
+
+    def close(self) -> None:
+        """Remove the staging folder (publish what is needed first)."""
+        if self._staging is not None:
+            self._staging.cleanup()

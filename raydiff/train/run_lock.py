@@ -1,0 +1,92 @@
+"""One training driver per run folder: an exclusive lock held for the whole run.
+
+Two drivers training into one folder would mix two runs: both write ``checkpoint_NNNNNN``
+folders (one overwriting the other's), TensorBoard events and samples, and Ray Train resumes
+whichever run state it finds. So a driver takes ``RUN/.run.lock`` before it starts Ray and holds
+it until it returns; a second driver is refused at once with a :class:`RunFolderInUseError`
+naming the folder, the holder (host, pid, start time, command) and what to do.
+
+The lock is ``fcntl.flock`` on that file, not the file's existence: the kernel releases it when
+the holding process ends, however it ends (Ctrl-C, a crash, SIGKILL, its machine gone), so a
+dead driver never leaves a stale lock behind and nothing has to be cleaned up by hand. The file
+stays; its content (JSON) only describes the last holder. Locks are per open file, so a second
+``run_lock`` on the same folder in the same process is refused too. On a network file system
+shared by several machines, Linux turns ``flock`` into the NFS (v4) byte-range lock, which holds
+across clients.
+
+No Ray here: the single-process runtime takes the same lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from raydiff.errors import UserInputError
+
+LOCK_FILE = ".run.lock"
+
+
+class RunFolderInUseError(UserInputError):
+    """Another driver is training into this run folder right now."""
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | os.PathLike[str]) -> Iterator[Path]:
+    """Hold the run folder's lock while the block runs (creating the folder); yields the lock
+    file. Raises :class:`RunFolderInUseError` at once when another driver holds it."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunFolderInUseError(_in_use_message(run_dir, _holder(fd))) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(_this_process()).encode(), 0)
+        try:
+            yield path
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _this_process() -> dict[str, object]:
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "command": " ".join(sys.argv),
+    }
+
+
+def _holder(fd: int) -> dict[str, object]:
+    """What the holder wrote (empty while it is still writing it, or when unreadable)."""
+    try:
+        holder = json.loads(os.pread(fd, 64 * 1024, 0) or b"{}")
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _in_use_message(run_dir: Path, holder: dict[str, object]) -> str:
+    who, stop = "holder unknown", "stop it"
+    if holder:
+        pid, host = holder.get("pid", "?"), holder.get("host", "?")
+        who = f"pid {pid} on {host}, started {holder.get('started', '?')}: {holder.get('command')}"
+        stop = f"stop it (Ctrl-C in its console, or kill {pid} on {host})"
+    return (
+        f"the run folder {run_dir} is in use by another training run ({who}); two drivers in "
+        f"one folder would mix their checkpoints. Wait for that run to end or {stop}, then run "
+        "this command again to continue it; or give a new --output folder"
+    )

@@ -1,0 +1,1033 @@
+"""Faults injected into training on a real multi-node Ray cluster on this machine.
+
+The cluster under test is not the session's in-process ``ray_cluster``: it is a
+``ray.cluster_utils.Cluster`` (a head node and worker nodes, each node its own raylet and worker
+processes) that a helper process runs: ``python tests/integration/test_faults.py`` (see
+:func:`serve_cluster`), driven over stdin/stdout. Ray keeps per-process global state (the
+internal KV client among it) that ``Cluster`` repoints at the cluster it starts, so the test
+process itself never starts or joins one. Every training run is ``python jobs/train.py
+--address <cluster>`` in a subprocess, exactly as a user runs it; its checkpoints go to a run
+folder on local disk, which all the nodes of a one-machine cluster share (the "shared storage").
+
+Layout: the head node has 1 logical CPU (Ray Data's read and decode tasks; the driver, Ray
+Train's controller and the data split coordinator live there too, at 0 CPU), every worker node
+has 2 and the runs ask for ``scaling.cpus_per_worker=2``: each of the 2 training workers is on a
+worker node of its own, and none can be on the head. The node-removal test keeps a third, spare
+worker node so that the worker group fits again after losing one (Ray Train restarts a fixed-size
+group on whatever capacity is left; nothing autoscales here). The sampler-node test adds a node
+with 0 CPUs that only the loss-history actor is placed on.
+
+Each test prints what it injected and what recovery it measured; the figures (steps redone,
+recovery time) are collected in a table printed at the end (``-s``) and appended as JSON lines to
+``$RAYDIFF_FAULT_REPORT`` when that is set. How they are measured: rank 0 logs every step
+(``train.log_interval=1``) with a timestamp; the driver's output carries those lines, tagged
+with the worker's pid. "Steps redone" is the highest step the interrupted worker group's rank 0
+logged minus the checkpoint step the next group resumed from (its "resumed from" line, and its
+TensorBoard writer's start step). "Recovery" is the time from the injection to the first step the
+new worker group finished (a lost node); from the injection to the restarted actor answering (the
+actor's node); from the driver's start to its first step (the faults that take a new driver).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HEAD_CPUS = 1
+NODE_CPUS = 2  # = scaling.cpus_per_worker: one training worker per worker node
+GLOBAL_BATCH = 8
+SAVE_INTERVAL = 4
+PROTOCOL_PREFIX = "@fault-cluster "
+RUN_TIMEOUT_S = 240
+
+# The demo preset shrunk to a tiny model (as tests/integration/test_training.py's tiny_config),
+# logging every step (the figures are per step), one checkpoint every SAVE_INTERVAL steps, all of
+# them kept (the tests check every one).
+TINY_RUN = [
+    "model.image_size=16",
+    "model.in_channels=1",
+    "model.num_channels=32",
+    "model.channel_mult=1,2",
+    "model.num_res_blocks=1",
+    "model.attention_resolutions=8",
+    "diffusion.diffusion_steps=500",
+    "diffusion.noise_schedule=cosine",
+    "optim.lr=1e-3",
+    "optim.ema_rate=0.9",
+    "train.precision=fp32",
+    f"train.batch_size={GLOBAL_BATCH}",
+    "train.log_interval=1",
+    f"train.save_interval={SAVE_INTERVAL}",
+    "train.eval_interval=0",
+    "train.eval_num_images=8",
+    "train.eval_timesteps=2",
+    "train.sample_interval=0",
+    "train.sample_count=4",
+    "train.sample_steps=4",
+    "train.schedule_sampler=loss-second-moment",
+    "scaling.num_workers=2",
+    f"scaling.cpus_per_worker={NODE_CPUS}",
+    "scaling.checkpoints_to_keep=100",
+    "scaling.sampler_refresh_interval=2",
+    # Faster starts: no validation split (nor validation at the end), and the training split
+    # streamed (decoded as the workers read it) instead of decoded into the object store by
+    # the driver before the workers start (measured here: 35 s instead of 40-44 s to step 1).
+    "data.val_split=",
+    "data.cache_max_bytes=0",
+]
+
+
+def cluster_env() -> dict[str, str]:
+    """The environment of the cluster's processes (every node's raylet and workers inherit it)
+    and of the training drivers."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    paths = [str(REPO), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env.update(
+        PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)),  # workers import this checkout
+        RAY_AUTH_MODE="disabled",  # a throwaway cluster: no token (docs/ray-notes.md)
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.2",  # report() is a barrier of one poll interval
+        RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0",  # nothing preempts a test cluster
+        RAY_DEDUP_LOGS="0",  # every worker line reaches the driver as it was printed
+        # One thread per training worker: Ray would give each of them (2 CPUs) 2 OpenMP
+        # threads, and 4 spinning threads on this machine's 2 shared cores are ~10x slower
+        # than 2 (the nodes are simulated; a real 2-CPU node would have its own cores).
+        OMP_NUM_THREADS="1",
+    )
+    return env
+
+
+# --------------------------------------------------------------------------------------------
+# The cluster: a helper process runs it (this file, run as a script), the tests drive it.
+
+
+def serve_cluster(temp_dir: str) -> None:
+    """Run a ``Cluster`` and answer JSON requests on stdin (one per line) until EOF.
+
+    Requests: ``nodes``; ``add`` (cpus: one entry per node); ``remove`` (node_id, graceful); ``place_actor``
+    (run_dir, num_timesteps, node_id: create the run's loss-history actor on that node, as the
+    driver would create it, before the driver does); ``actor_info`` (run_dir: the actor's
+    ``info()``, waiting while it restarts); ``named_actors``. Answers are lines starting with
+    ``PROTOCOL_PREFIX``.
+    """
+    import ray
+    import ray._private.utils
+    from ray.cluster_utils import Cluster
+
+    # Cluster writes its address to /tmp/ray/ray_current_cluster, where `address="auto"` looks:
+    # other Ray users of this machine must not find this throwaway cluster there.
+    ray._private.utils.write_ray_address = lambda *args, **kwargs: None
+    common = {"temp_dir": temp_dir}
+    dashboard, agent = free_ports(2)
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={
+            **common,
+            "num_cpus": HEAD_CPUS,
+            # As on a real cluster: Ray Train's PlacementGroupCleaner and state tracking ask the
+            # dashboard's state API about the run. Free ports: the defaults (8265, 52365) may
+            # belong to another Ray instance on this machine.
+            "include_dashboard": True,
+            "dashboard_host": "127.0.0.1",
+            "dashboard_port": dashboard,
+            "dashboard_agent_listen_port": agent,
+            # A node that dies without saying so (SIGKILL) is declared dead after 3 failed
+            # health checks 1 s apart (Ray's defaults: 5 x 3 s). Refused connections fail a
+            # check at once; a busy live raylet has the default 10 s to answer.
+            "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
+        },
+    )
+    nodes = {cluster.head_node.node_id: cluster.head_node}
+
+    def describe(node: Any) -> dict[str, Any]:
+        return {
+            "node_id": node.node_id,
+            "raylet_pid": node.all_processes["raylet"][0].process.pid,
+            "head": node is cluster.head_node,
+            "num_cpus": node._ray_params.num_cpus,
+        }
+
+    def respond(answer: Any) -> None:
+        print(PROTOCOL_PREFIX + json.dumps(answer), flush=True)
+
+    def connect() -> None:
+        if not ray.is_initialized():
+            ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+
+    def actor(run_dir: str) -> Any:
+        from raydiff.orchestrate.sampler_actor import ACTOR_NAMESPACE, actor_name
+        from raydiff.orchestrate.trainer import sampler_actor_key
+
+        connect()
+        name = actor_name(sampler_actor_key(Path(run_dir)))
+        return ray.get_actor(name, namespace=ACTOR_NAMESPACE)
+
+    respond({"address": cluster.address})
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = request.pop("op")
+        try:
+            if op == "nodes":
+                respond([describe(node) for node in nodes.values()])
+            elif op == "add":  # several nodes start at once
+                added = [
+                    cluster.add_node(**common, num_cpus=n, wait=False) for n in request["cpus"]
+                ]
+                for node in added:
+                    cluster._wait_for_node(node)
+                    nodes[node.node_id] = node
+                respond([describe(node) for node in added])
+            elif op == "remove":
+                start = time.monotonic()
+                node = nodes.pop(request["node_id"])
+                cluster.remove_node(node, allow_graceful=request["graceful"])
+                respond({"seconds": time.monotonic() - start})
+            elif op == "place_actor":
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                from raydiff.orchestrate.sampler_actor import (
+                    ACTOR_NAMESPACE,
+                    LossHistoryActor,
+                    actor_name,
+                )
+                from raydiff.orchestrate.trainer import sampler_actor_key
+
+                connect()
+                run_dir = Path(request["run_dir"])
+                name = actor_name(sampler_actor_key(run_dir))
+                raylet = nodes[request["node_id"]].all_processes["raylet"][0].process.pid
+                # Soft affinity also falls back to another node while the scheduler does not
+                # know a just-added node yet: place it again until it is where it was asked.
+                for _ in range(20):
+                    handle = LossHistoryActor.options(  # get_or_create_actor's, plus a node
+                        name=name,
+                        namespace=ACTOR_NAMESPACE,
+                        lifetime="detached",
+                        # soft: when the node dies, Ray restarts the actor on another one
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(
+                            request["node_id"], soft=True
+                        ),
+                    ).remote(request["num_timesteps"], str(run_dir), None)
+                    info = ray.get(handle.info.remote())
+                    if raylet in _ancestors(info["pid"]):
+                        break
+                    ray.kill(handle, no_restart=True)
+                    while name in {a["name"] for a in ray.util.list_named_actors(True)}:
+                        time.sleep(0.1)
+                    time.sleep(0.5)
+                respond(info)
+            elif op == "actor_info":
+                respond(ray.get(actor(request["run_dir"]).info.remote(), timeout=120))
+            elif op == "named_actors":
+                connect()
+                respond(ray.util.list_named_actors(all_namespaces=True))
+            else:
+                respond({"error": f"unknown request {op!r}"})
+        except Exception as error:  # the test shows it
+            respond({"error": f"{type(error).__name__}: {error}"})
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster.shutdown()
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free right now (held open together so that none repeats)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    raylet_pid: int
+    head: bool
+    num_cpus: int
+
+
+class FaultCluster:
+    """The test side of :func:`serve_cluster`."""
+
+    def __init__(self, temp_dir: Path) -> None:
+        self.temp_dir = temp_dir
+        self.log = temp_dir / "cluster.log"
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, __file__, str(temp_dir)],
+                cwd=REPO,
+                env=cluster_env(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+        self.address = self._answer()["address"]
+
+    def _answer(self) -> Any:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith(PROTOCOL_PREFIX):
+                answer = json.loads(line[len(PROTOCOL_PREFIX) :])
+                if isinstance(answer, dict) and "error" in answer:
+                    raise RuntimeError(f"cluster helper: {answer['error']}")
+                return answer
+        raise RuntimeError(f"the cluster helper exited: {self.log.read_text()[-3000:]}")
+
+    def request(self, op: str, **args: Any) -> Any:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def nodes(self) -> list[NodeInfo]:
+        return [NodeInfo(**node) for node in self.request("nodes")]
+
+    def shape(self, *cpus: int) -> list[NodeInfo]:
+        """Make the worker nodes exactly ``cpus`` (one entry per node), keeping nodes that fit."""
+        wanted = sorted(cpus)
+        for node in self.nodes():
+            if node.head:
+                continue
+            if node.num_cpus in wanted:
+                wanted.remove(node.num_cpus)
+            else:
+                self.request("remove", node_id=node.node_id, graceful=True)
+        if wanted:
+            self.request("add", cpus=wanted)
+        return [node for node in self.nodes() if not node.head]
+
+    def remove(self, node: NodeInfo, *, graceful: bool) -> None:
+        self.request("remove", node_id=node.node_id, graceful=graceful)
+
+    def node_of(self, pid: int) -> NodeInfo | None:
+        """The node whose raylet started process ``pid`` (Ray workers are the raylet's children)."""
+        by_raylet = {node.raylet_pid: node for node in self.nodes()}
+        return next((by_raylet[p] for p in _ancestors(pid) if p in by_raylet), None)
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()  # EOF: the helper shuts the cluster down
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _ancestors(pid: int) -> list[int]:
+    """The parent, grandparent, ... of a live process."""
+    found = []
+    while (stat := _stat(pid)) is not None and stat[0] > 1:
+        pid = stat[0]
+        found.append(pid)
+    return found
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, state) of a live process; None when it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else (int(fields[1]), fields[0])
+
+
+@pytest.fixture(scope="module")
+def fault_cluster() -> Iterator[FaultCluster]:
+    # Short: Ray's Unix socket paths live under it (at most ~107 characters).
+    temp_dir = Path(tempfile.mkdtemp(prefix="rdf-", dir="/tmp"))
+    cluster = FaultCluster(temp_dir)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+        _print_figures()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The training driver, as a user runs it.
+
+PROGRESS = re.compile(
+    r"pid=(?P<pid>\d+)[^)]*\)\s+(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \[rank 0\] "
+    r"raydiff\.train\.loop: step (?P<step>\d+)/\d+"
+)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+RESUMED = re.compile(r"\[rank 0\] raydiff\.train\.loop: resumed from (?P<path>\S+) at step (\d+)")
+
+
+@dataclass(frozen=True)
+class Step:
+    pid: int  # rank 0's process: a new one for every worker group
+    time: float  # when rank 0 logged it (after the optimiser step)
+    step: int
+
+
+class Driver:
+    """``python jobs/train.py --config demo ... --address CLUSTER`` in a subprocess; its console
+    (stdout and stderr) goes to a file."""
+
+    def __init__(
+        self, cluster: FaultCluster, data: Path, out: Path, *sets: str, name: str = "driver"
+    ) -> None:
+        self.out = out
+        self.console = out.parent / f"{out.name}-{name}.log"
+        self.command = [
+            sys.executable,
+            "jobs/train.py",
+            "--config",
+            "demo",
+            "--data",
+            str(data),
+            "--output",
+            str(out),
+            "--address",
+            cluster.address,
+            *[arg for item in [*TINY_RUN, *sets] for arg in ("--set", item)],
+        ]
+        self.started = time.time()
+        self.ended: float | None = None
+        with self.console.open("w") as console:
+            self.process = subprocess.Popen(
+                self.command, cwd=REPO, env=cluster_env(), stdout=console, stderr=subprocess.STDOUT
+            )
+
+    def text(self) -> str:
+        """The console so far, without Ray's colour codes."""
+        return ANSI.sub("", self.console.read_text(errors="replace"))
+
+    def steps(self) -> list[Step]:
+        return [
+            Step(
+                pid=int(m["pid"]),
+                time=datetime.strptime(m["time"], "%Y-%m-%d %H:%M:%S,%f").timestamp(),
+                step=int(m["step"]),
+            )
+            for m in PROGRESS.finditer(self.text())
+        ]
+
+    def wait_for(self, condition: Any, what: str, timeout: float = RUN_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.process.poll() is not None:
+                pytest.fail(
+                    f"the driver exited ({self.process.returncode}) before {what}:\n"
+                    + self.text()[-4000:]
+                )
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out waiting for {what}:\n" + self.text()[-4000:])
+            time.sleep(0.05)
+
+    def wait_for_step(self, step: int, *, after_checkpoint: int | None = None) -> None:
+        """Until rank 0 logged ``step`` (and checkpoint ``after_checkpoint`` is complete)."""
+
+        def reached() -> bool:
+            if after_checkpoint is not None and not _complete(self.out, after_checkpoint):
+                return False
+            return any(s.step >= step for s in self.steps())
+
+        self.wait_for(reached, f"step {step}")
+
+    def finish(self, timeout: float = RUN_TIMEOUT_S) -> int:
+        try:
+            code = self.process.wait(timeout=timeout)
+            self.ended = self.ended or time.time()
+            return code
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            pytest.fail(f"the driver did not finish in {timeout} s:\n" + self.text()[-4000:])
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@contextlib.contextmanager
+def driver(*args: Any, **kwargs: Any) -> Iterator[Driver]:
+    """A :class:`Driver` that is killed if the test fails while it runs."""
+    run = Driver(*args, **kwargs)
+    try:
+        yield run
+    finally:
+        run.kill()
+
+
+def _complete(out: Path, step: int) -> bool:
+    from raydiff.train.checkpoint import checkpoint_name, incomplete_reason
+
+    folder = out / checkpoint_name(step)
+    return folder.is_dir() and incomplete_reason(folder) is None
+
+
+def train_worker_pids(cluster: FaultCluster, out: Path) -> list[int]:
+    """This run's Ray Train worker processes on the cluster: titled ``ray::RayTrainWorker``,
+    children of one of its raylets, in the run's working directory (``.../artifacts/RUN``)."""
+    raylets = {node.raylet_pid for node in cluster.nodes()}
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            cwd = Path(os.readlink(proc / "cwd"))
+        except OSError:
+            continue
+        stat = _stat(int(proc.name))
+        if (
+            title.startswith("ray::RayTrainWorker")
+            and stat is not None
+            and stat[0] in raylets
+            and cwd.name == out.name
+            and cwd.parent.name == "artifacts"
+        ):
+            pids.append(int(proc.name))
+    return sorted(pids)
+
+
+def current_group(cluster: FaultCluster, run: Driver) -> tuple[int, int]:
+    """The pids of rank 0 (the process that logged the last step) and of the other worker of the
+    run's current worker group (waiting while a failed group's processes are still exiting)."""
+    rank0 = run.steps()[-1].pid
+
+    def only_this_group() -> bool:
+        workers = train_worker_pids(cluster, run.out)
+        return len(workers) == 2 and rank0 in workers
+
+    run.wait_for(only_this_group, "the worker group's 2 workers", timeout=60)
+    return rank0, next(pid for pid in train_worker_pids(cluster, run.out) if pid != rank0)
+
+
+def tensorboard_starts(out: Path) -> list[int]:
+    """The first step of every TensorBoard event file of the run, oldest first: one per worker
+    group that trained (a group that resumed from checkpoint_S starts at S + 1)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.compat.proto.event_pb2 import SessionLog
+
+    files = sorted((out / "tensorboard").glob("events.out.tfevents.*"), key=os.path.getmtime)
+    return [
+        next(
+            event.step
+            for event in EventFileLoader(str(f)).Load()
+            if event.HasField("session_log") and event.session_log.status == SessionLog.START
+        )
+        for f in files
+    ]
+
+
+def console_line(text: str, start: str) -> str:
+    """The last line of a driver's console that starts with ``start`` ("" when none does)."""
+    return next((line for line in reversed(text.splitlines()) if line.startswith(start)), "")
+
+
+def checkpoint_steps(out: Path) -> list[int]:
+    return sorted(int(p.name.removeprefix("checkpoint_")) for p in out.glob("checkpoint_0*"))
+
+
+def assert_checkpoints_intact(out: Path) -> list[int]:
+    """Every checkpoint folder left in ``out`` is complete and loads; returns their steps."""
+    from raydiff.train.checkpoint import incomplete_reason, load_checkpoint
+
+    steps = checkpoint_steps(out)
+    for step in steps:
+        folder = out / f"checkpoint_{step:06d}"
+        assert incomplete_reason(folder) is None, (folder, incomplete_reason(folder))
+        state = load_checkpoint(folder)
+        assert state["trainer"]["step"] == step, folder
+    return steps
+
+
+def recorded_losses(checkpoint: Path) -> int:
+    import torch
+
+    trainer = torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=True)
+    return int(trainer["sampler"]["loss_counts"].sum())
+
+
+@dataclass
+class Recovery:
+    """What the progress lines say about one interruption of a run."""
+
+    last_step_before: int  # the highest step the interrupted worker group finished
+    resumed_at: int  # the checkpoint step the next group started from
+    first_step_after: Step  # the first step the next group finished
+    redone: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.redone = self.last_step_before - self.resumed_at
+
+
+def recovery(steps_before: list[Step], steps_after: list[Step]) -> Recovery:
+    """From rank 0's progress lines of the interrupted group and of the next one."""
+    assert steps_before and steps_after, (steps_before, steps_after)
+    first = min(steps_after, key=lambda s: s.time)
+    return Recovery(
+        last_step_before=max(s.step for s in steps_before),
+        resumed_at=first.step - 1,
+        first_step_after=first,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The figures for the README's reliability section.
+
+FIGURES: list[dict[str, Any]] = []
+
+
+def report(figures: dict[str, Any]) -> None:
+    """Print one test's figures and keep them for the table (and $RAYDIFF_FAULT_REPORT)."""
+    FIGURES.append(figures)
+    print("\n" + "; ".join(f"{k}: {v}" for k, v in figures.items()))
+    path = os.environ.get("RAYDIFF_FAULT_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(figures) + "\n")
+
+
+def _print_figures() -> None:
+    if not FIGURES:
+        return
+    columns = ["fault", "resumed_from", "steps_redone", "recovery_s"]
+    rows = [[str(f.get(c, "-")) for c in columns] for f in FIGURES]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    print("\n" + "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+# --------------------------------------------------------------------------------------------
+# The faults.
+
+
+def test_a_removed_node_with_a_training_worker(fault_cluster, tiny_dataset, tmp_path):
+    """A node holding a training worker (rank 0's, the checkpoint writer) is removed after the
+    first checkpoint: Ray Train restarts the worker group on the remaining nodes (the spare one
+    included) from the last checkpoint, and the run finishes with every checkpoint complete."""
+    fault_cluster.shape(NODE_CPUS, NODE_CPUS, NODE_CPUS)  # 2 workers + a spare node
+    out = tmp_path / "node-removed"
+    max_steps = 12
+    with driver(
+        fault_cluster,
+        tiny_dataset.path,
+        out,
+        f"train.max_steps={max_steps}",
+        "scaling.max_failures=2",
+    ) as run:
+        run.wait_for_step(SAVE_INTERVAL + 2, after_checkpoint=SAVE_INTERVAL)
+        rank0, rank1 = current_group(fault_cluster, run)
+        node, other = fault_cluster.node_of(rank0), fault_cluster.node_of(rank1)
+        assert node is not None and not node.head, (rank0, node)
+        assert other is not None and other.node_id != node.node_id, "2 workers on one node"
+        injected = time.time()
+        fault_cluster.remove(node, graceful=True)
+        code = run.finish()
+        text = run.text()
+    assert code == 0, text[-4000:]
+    steps = run.steps()
+    before = [s for s in steps if s.pid == rank0]
+    after = [s for s in steps if s.pid != rank0]
+    measured = recovery(before, after)
+    assert measured.first_step_after.time > injected
+    # One restart, from a checkpoint of this run (the newest one, or the one before it when
+    # the newest was not committed yet: docs/ray-notes.md), not from step 0.
+    assert tensorboard_starts(out) == [1, measured.resumed_at + 1], text[-4000:]
+    assert measured.resumed_at > 0 and measured.resumed_at % SAVE_INTERVAL == 0, measured
+    assert 0 <= measured.redone <= 2 * SAVE_INTERVAL, measured
+    assert f"resumed from {out / f'checkpoint_{measured.resumed_at:06d}'}" in text, text[-4000:]
+    assert max(s.step for s in after) == max_steps
+    assert assert_checkpoints_intact(out) == list(
+        range(SAVE_INTERVAL, max_steps + 1, SAVE_INTERVAL)
+    )
+    new_workers = {fault_cluster.node_of(s.pid) for s in after} - {None}
+    assert all(n.node_id != node.node_id for n in new_workers)
+    recovery_s = measured.first_step_after.time - injected
+    print(
+        f"\nremoved node {node.node_id[:8]} (rank 0's) at step {measured.last_step_before}; "
+        f"resumed from checkpoint_{measured.resumed_at:06d}; finished at step {max_steps}; "
+        f"steps redone: {measured.redone}; recovery took {recovery_s:.1f} s"
+    )
+    report(
+        {
+            "fault": "node with rank 0 removed",
+            "resumed_from": f"checkpoint_{measured.resumed_at:06d}",
+            "steps_redone": measured.redone,
+            "recovery_s": round(recovery_s, 1),
+        }
+    )
+
+
+@dataclass
+class InterruptedRun:
+    """A run stopped with Ctrl-C, then continued by the same command, during which the node of
+    its loss-history actor was killed (see :func:`interrupted_run`)."""
+
+    out: Path
+    max_steps: int
+    first: Driver
+    first_code: int
+    stop_s: float  # from SIGINT to the driver's exit
+    last_checkpoint: Path  # the newest complete checkpoint when the driver had exited
+    workers_left: list[int]
+    actor_left: bool
+    again: Driver
+    again_code: int
+    actor_node: NodeInfo
+    placed: dict[str, Any]  # the actor's info() before the fault
+    after: dict[str, Any]  # ... and once Ray had restarted it
+    new_node: NodeInfo | None  # where Ray restarted it
+    injected: float  # when the actor's node was killed
+    restarted: float  # when the restarted actor answered
+    last_logged: int  # the last step logged before the node was killed
+
+
+@pytest.fixture(scope="module")
+def interrupted_run(fault_cluster, tiny_dataset, tmp_path_factory) -> InterruptedRun:
+    """SIGINT to a driver mid-run, then the same command again; while that second driver
+    trains, the node holding the run's loss-history actor (and no training worker) is killed.
+
+    Two faults, one per test, in one run (a driver start less): the second driver's start
+    (what the Ctrl-C test measures) is over before the actor's node dies. A 0-CPU actor lands on
+    a random node (Ray's rule for actors that need no resources); to know which node to kill,
+    the fixture creates the run's actor itself, with the driver's name and arguments, on a node
+    with 0 CPUs (no worker fits there) before the second driver starts, whose
+    ``get_or_create_actor`` then uses it.
+    """
+    nodes = fault_cluster.shape(0, NODE_CPUS, NODE_CPUS)
+    actor_node = next(node for node in nodes if node.num_cpus == 0)
+    out = (tmp_path_factory.mktemp("interrupted") / "interrupted").resolve()
+    max_steps = 16
+    args = (fault_cluster, tiny_dataset.path, out, f"train.max_steps={max_steps}")
+    from raydiff.orchestrate.sampler_actor import actor_name
+    from raydiff.orchestrate.trainer import sampler_actor_key
+    from raydiff.train.checkpoint import latest_checkpoint
+
+    with driver(*args) as first:
+        first.wait_for_step(SAVE_INTERVAL + 2, after_checkpoint=SAVE_INTERVAL)
+        sigint = time.time()
+        first.process.send_signal(signal.SIGINT)
+        first_code = first.finish(timeout=120)
+        stop_s = time.time() - sigint
+    last_checkpoint = latest_checkpoint(out)
+    assert last_checkpoint is not None, first.text()[-4000:]
+    workers_left = train_worker_pids(fault_cluster, out)
+    named = {a["name"] for a in fault_cluster.request("named_actors")}
+    actor_left = actor_name(sampler_actor_key(out)) in named
+
+    placed = fault_cluster.request(
+        "place_actor", run_dir=str(out), num_timesteps=500, node_id=actor_node.node_id
+    )
+    assert fault_cluster.node_of(placed["pid"]) == actor_node, placed
+    with driver(*args, name="again") as again:
+        resumed_at = int(last_checkpoint.name.removeprefix("checkpoint_"))
+        again.wait_for_step(resumed_at + 2)
+        last_logged = again.steps()[-1].step
+        injected = time.time()
+        fault_cluster.remove(actor_node, graceful=False)  # a crash: every process SIGKILLed
+        # The actor's process goes when it notices its raylet is gone; until then it answers.
+        deadline = time.monotonic() + 60
+        while _stat(placed["pid"]) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        after = fault_cluster.request("actor_info", run_dir=str(out))  # waits for the restart
+        restarted = time.time()
+        new_node = fault_cluster.node_of(after["pid"])
+        again_code = again.finish()
+    return InterruptedRun(
+        out=out,
+        max_steps=max_steps,
+        first=first,
+        first_code=first_code,
+        stop_s=stop_s,
+        last_checkpoint=last_checkpoint,
+        workers_left=workers_left,
+        actor_left=actor_left,
+        again=again,
+        again_code=again_code,
+        actor_node=actor_node,
+        placed=placed,
+        after=after,
+        new_node=new_node,
+        injected=injected,
+        restarted=restarted,
+        last_logged=last_logged,
+    )
+
+
+def test_ctrl_c_then_the_same_command_continues_the_run(interrupted_run):
+    """SIGINT to the driver mid-run stops the run (its workers, its loss-history actor, the run
+    folder's lock) with a message saying how to continue; the same command again continues
+    from the last checkpoint, redoing at most one checkpoint interval, and finishes."""
+    run = interrupted_run
+    text, last = run.first.text(), run.last_checkpoint
+    interrupted = run.first.steps()
+    assert interrupted and max(s.step for s in interrupted) < run.max_steps, text[-4000:]
+    message = console_line(text, "raydiff train: stopped by Ctrl-C")
+    assert run.first_code == 130, text[-4000:]
+    assert message == (
+        "raydiff train: stopped by Ctrl-C (SIGINT); Ray Train stopped the run's workers. The "
+        f"last complete checkpoint is {last} (step {int(last.name[11:])}): run the same command "
+        "again to continue from it"
+    ), text[-4000:]
+    assert not run.workers_left, "the run's workers outlived the driver"
+    assert not run.actor_left, "the run's loss-history actor outlived the driver"
+    again_text = run.again.text()
+    assert run.again_code == 0, again_text[-4000:]
+    measured = recovery(interrupted, run.again.steps())
+    assert f"resumed from {last} at step" in again_text, again_text[-4000:]
+    assert measured.resumed_at == int(last.name[11:]) >= SAVE_INTERVAL, measured
+    assert 0 <= measured.redone <= SAVE_INTERVAL, measured
+    steps = assert_checkpoints_intact(run.out)
+    assert steps == list(range(SAVE_INTERVAL, run.max_steps + 1, SAVE_INTERVAL))
+    restart_s = measured.first_step_after.time - run.again.started
+    print(
+        f"\nSIGINT at step {measured.last_step_before}: the driver stopped the run in "
+        f"{run.stop_s:.1f} s (exit {run.first_code}: {message!r}); the same command resumed from "
+        f"checkpoint_{measured.resumed_at:06d}; finished at step {run.max_steps}; steps redone: "
+        f"{measured.redone}; driver start to first step: {restart_s:.1f} s"
+    )
+    report(
+        {
+            "fault": "driver SIGINT, same command again",
+            "resumed_from": f"checkpoint_{measured.resumed_at:06d}",
+            "steps_redone": measured.redone,
+            "recovery_s": round(restart_s, 1),
+            "stop_s": round(run.stop_s, 1),
+        }
+    )
+
+
+def test_the_node_of_the_loss_history_actor_dies(interrupted_run):
+    """The node holding the run's loss-history actor (and no training worker) dies mid-run: Ray
+    restarts the actor on another node, its history comes back from the newest checkpoint, and
+    the workers go on without a restart (their calls wait for the new actor and reach it)."""
+    run = interrupted_run
+    out, after, placed = run.out, run.after, run.placed
+    text = run.again.text()
+    assert run.again_code == 0, text[-4000:]
+    new_node = run.new_node
+    assert after["pid"] != placed["pid"] and new_node is not None, (placed, after)
+    assert new_node.node_id != run.actor_node.node_id
+    # One worker group per driver: the actor's loss did not restart the second one.
+    resumed_at = int(run.last_checkpoint.name[11:])
+    assert tensorboard_starts(out) == [1, resumed_at + 1], text[-4000:]
+    restored = Path(after["restored_from"] or "-")
+    assert restored.parent == out and restored.name.startswith("checkpoint_0"), after
+    restored_step = int(restored.name.removeprefix("checkpoint_"))
+    steps = run.again.steps()
+    steps_before_restart = max(s.step for s in steps if s.time < run.restarted)
+    assert resumed_at <= restored_step <= steps_before_restart, (restored_step, after)
+    # The history the new actor started from is the checkpoint's (plus records retried on it).
+    assert after["num_recorded"] >= recorded_losses(restored), after
+    checkpoints = assert_checkpoints_intact(out)
+    counts = {step: recorded_losses(out / f"checkpoint_{step:06d}") for step in checkpoints}
+    # Every loss up to the checkpoint the history came back from; never less history after the
+    # fault than before it; both ranks' losses of every later interval; lost at most what the
+    # dead actor recorded after that checkpoint, before its successor took over.
+    assert all(counts[s] == s * GLOBAL_BATCH for s in checkpoints if s <= restored_step), counts
+    assert all(a <= b for a, b in itertools.pairwise(counts.values())), counts
+    for step in checkpoints:
+        if step >= steps_before_restart + SAVE_INTERVAL:
+            assert counts[step] - counts[step - SAVE_INTERVAL] == SAVE_INTERVAL * GLOBAL_BATCH
+    lost = run.max_steps * GLOBAL_BATCH - counts[run.max_steps]
+    assert 0 <= lost <= (steps_before_restart - restored_step) * GLOBAL_BATCH, (lost, counts)
+    pause = max(b.time - a.time for a, b in itertools.pairwise(steps) if b.time > run.injected)
+    print(
+        f"\nkilled node {run.actor_node.node_id[:8]} (the loss-history actor's, no worker) at "
+        f"step {run.last_logged}; the actor restarted on node {new_node.node_id[:8]} after "
+        f"{run.restarted - run.injected:.1f} s with the history of {restored.name} "
+        f"({recorded_losses(restored)} losses); no worker restart; finished at step "
+        f"{run.max_steps}; losses lost: {lost} ({lost / GLOBAL_BATCH:g} steps' worth); longest "
+        f"pause between steps: {pause:.1f} s"
+    )
+    report(
+        {
+            "fault": "loss-history actor's node killed",
+            "resumed_from": f"{restored.name} (history)",
+            "steps_redone": 0,
+            "recovery_s": round(run.restarted - run.injected, 1),
+            "losses_lost": lost,
+            "pause_s": round(pause, 1),
+        }
+    )
+
+
+@dataclass(frozen=True)
+class ContestedRun:
+    out: Path
+    drivers: dict[str, Driver]
+    codes: dict[str, int]
+
+
+@pytest.fixture(scope="module")
+def contested_run(fault_cluster, tiny_dataset, tmp_path_factory) -> ContestedRun:
+    """Two drivers started at once with the same --output (train.max_steps=8); both finished.
+
+    The test of the run lock checks what happened; the truncated-checkpoint test continues a
+    copy of the finished run (one driver run less than training one of its own).
+    """
+    fault_cluster.shape(NODE_CPUS, NODE_CPUS)
+    out = tmp_path_factory.mktemp("contested") / "twice"
+    args = (fault_cluster, tiny_dataset.path, out, "train.max_steps=8")
+    with driver(*args, name="a") as a, driver(*args, name="b") as b:
+        drivers = {"a": a, "b": b}
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while any(run.process.poll() is None for run in drivers.values()):
+            for run in drivers.values():
+                if run.ended is None and run.process.poll() is not None:
+                    run.ended = time.time()
+            assert time.monotonic() < deadline, {n: r.text()[-2000:] for n, r in drivers.items()}
+            time.sleep(0.05)
+        codes = {name: run.finish() for name, run in drivers.items()}
+    return ContestedRun(out=out, drivers=drivers, codes=codes)
+
+
+def test_two_drivers_into_one_run_folder(contested_run):
+    """Two drivers started at once with the same --output: one trains, the other is refused
+    before it starts Ray, with the folder, the holder and what to do; nothing is mixed."""
+    out, drivers, codes = contested_run.out, contested_run.drivers, contested_run.codes
+    consoles = {name: run.text()[-3000:] for name, run in drivers.items()}
+    assert sorted(codes.values()) == [0, 1], (codes, consoles)
+    winner = next(run for name, run in drivers.items() if codes[name] == 0)
+    loser = next(run for name, run in drivers.items() if codes[name] == 1)
+    refusal = loser.text()
+    assert (
+        f"raydiff train: error: the run folder {out} is in use by another training run "
+        f"(pid {winner.process.pid} on {socket.gethostname()}" in refusal
+    ), refusal[-3000:]
+    assert "give a new --output folder" in refusal
+    assert "connected to the Ray cluster" not in refusal  # refused before Ray
+    # One run's files only: its checkpoints, one TensorBoard writer, one loss history.
+    assert assert_checkpoints_intact(out) == [4, 8]
+    assert tensorboard_starts(out) == [1]
+    assert recorded_losses(out / "checkpoint_000008") == 8 * GLOBAL_BATCH
+    assert loser.ended is not None
+    refused_s = loser.ended - loser.started
+    print(
+        f"\ntwo drivers into {out.name} at once: pid {winner.process.pid} trained to step 8, "
+        f"pid {loser.process.pid} was refused (exit 1) {refused_s:.1f} s after it started, "
+        "before starting Ray"
+    )
+    report({"fault": "two drivers, one --output", "refused_after_s": round(refused_s, 1)})
+
+
+def test_a_truncated_checkpoint_is_never_resumed_from(
+    fault_cluster, tiny_dataset, contested_run, tmp_path
+):
+    """The newest checkpoint was cut short on disk (a copy interrupted by a crash leaves the
+    folder and its file list, with a short file): running the driver again resumes from the
+    checkpoint before it, with a warning naming the one it skipped."""
+    fault_cluster.shape(NODE_CPUS, NODE_CPUS)
+    out = tmp_path / "truncated"
+    shutil.copytree(contested_run.out, out)  # a finished run: checkpoints 4 and 8
+    newest = out / "checkpoint_000008"
+    model = newest / "model.pt"
+    size = model.stat().st_size
+    os.truncate(model, size // 2)
+    with driver(fault_cluster, tiny_dataset.path, out, "train.max_steps=12", name="again") as run:
+        code = run.finish()
+        text = run.text()
+    assert code == 0, text[-4000:]
+    assert (
+        f"skipping {newest}: not a complete checkpoint (model.pt has {size // 2} bytes, "
+        f"files.json says {size})" in text
+    ), text[-4000:]
+    resumed = {Path(m["path"]) for m in RESUMED.finditer(text)}
+    assert resumed == {out / "checkpoint_000004"}, (resumed, text[-4000:])
+    assert tensorboard_starts(out)[-1] == 5
+    # Steps 5-8 were trained again and checkpoint_000008 written again, complete.
+    assert assert_checkpoints_intact(out) == [4, 8, 12]
+    first = min(run.steps(), key=lambda s: s.time)
+    restart_s = first.time - run.started
+    print(
+        f"\ntruncated {model.relative_to(out)} to {size // 2} of {size} bytes; the driver skipped "
+        f"it and resumed from checkpoint_000004; finished at step 12; steps redone: 4; driver "
+        f"start to first step: {restart_s:.1f} s"
+    )
+    report(
+        {
+            "fault": "newest checkpoint truncated",
+            "resumed_from": "checkpoint_000004",
+            "steps_redone": 4,
+            "recovery_s": round(restart_s, 1),
+        }
+    )
+
+
+def test_a_run_out_of_restarts_stops_with_a_clear_message(fault_cluster, tiny_dataset, tmp_path):
+    """With scaling.max_failures=1, a training worker killed twice ends the run: the driver
+    says the run failed after 1 restart, names its last complete checkpoint and how to continue
+    (exit code 3, no traceback), and every complete checkpoint loads."""
+    fault_cluster.shape(NODE_CPUS, NODE_CPUS)
+    out = tmp_path / "out-of-restarts"
+    with driver(
+        fault_cluster, tiny_dataset.path, out, "train.max_steps=40", "scaling.max_failures=1"
+    ) as run:
+        run.wait_for_step(SAVE_INTERVAL + 1, after_checkpoint=SAVE_INTERVAL)
+        killed = []
+        for _ in range(2):
+            rank0, victim = current_group(fault_cluster, run)
+            os.kill(victim, signal.SIGKILL)
+            killed.append((victim, run.steps()[-1].step))
+            if len(killed) == 1:  # the restarted group trains a step, then loses a worker again
+                run.wait_for(
+                    lambda rank0=rank0: any(s.pid != rank0 for s in run.steps()),
+                    "the restarted worker group's first step",
+                )
+        code = run.finish()
+        text = run.text()
+    from raydiff.train.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(out)
+    assert last is not None
+    error = console_line(text, "raydiff train: error:")
+    assert code == 3, text[-4000:]
+    assert error.startswith(
+        "raydiff train: error: training failed after 1 restart (scaling.max_failures=1): rank "
+    ), error
+    assert (
+        f"The last complete checkpoint is {last} (step {int(last.name[11:])}): run the same "
+        "command again to continue from it" in error
+    ), error
+    # No traceback of the driver's own (Ray's log lines of the failures come tagged "(pid=...)").
+    assert not [line for line in text.splitlines() if line.startswith("Traceback")], text[-4000:]
+    complete = assert_checkpoints_intact(out)
+    print(
+        f"\nkilled a training worker at steps {[step for _, step in killed]} with "
+        f"max_failures=1; the driver exited {code} naming {last.name} (checkpoints left: "
+        f"{complete}):\n{error}"
+    )
+    report(
+        {
+            "fault": "worker killed twice, max_failures=1",
+            "resumed_from": f"- (error names {last.name})",
+            "exit_code": code,
+        }
+    )
+
+
+if __name__ == "__main__":
+    serve_cluster(sys.argv[1])
