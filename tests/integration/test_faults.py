@@ -14,8 +14,13 @@ Train's controller and the data split coordinator live there too, at 0 CPU), eve
 has 2 and the runs ask for ``scaling.cpus_per_worker=2``: each of the 2 training workers is on a
 worker node of its own, and none can be on the head. The node-removal test keeps a third, spare
 worker node so that the worker group fits again after losing one (Ray Train restarts a fixed-size
-group on whatever capacity is left; nothing autoscales here). The sampler-node test adds a node
-with 0 CPUs that only the loss-history actor is placed on.
+group on whatever capacity is left; nothing autoscales here). For the loss-history actor's node
+a node with 0 CPUs is added, that only the actor is placed on.
+
+A driver start costs ~35-40 s here (Ray Train's worker group start is most of it), so runs are
+shared where a fault allows, through module fixtures, still one test per fault: the Ctrl-C test's
+second driver is the run whose actor node dies (``interrupted_run``), and the truncated-checkpoint
+test continues a copy of the run the two contending drivers left (``contested_run``).
 
 Each test prints what it injected and what recovery it measured; the figures (steps redone,
 recovery time) are collected in a table printed at the end (``-s``) and appended as JSON lines to
@@ -653,8 +658,8 @@ def test_a_removed_node_with_a_training_worker(fault_cluster, tiny_dataset, tmp_
     after = [s for s in steps if s.pid != rank0]
     measured = recovery(before, after)
     assert measured.first_step_after.time > injected
-    # One restart, from a checkpoint of this run (the newest one, or the one before it when
-    # the newest was not committed yet: docs/ray-notes.md), not from step 0.
+    # One restart, from a checkpoint of this run (the newest complete one: the one before the
+    # last when rank 0's node went down while copying that), not from step 0.
     assert tensorboard_starts(out) == [1, measured.resumed_at + 1], text[-4000:]
     assert measured.resumed_at > 0 and measured.resumed_at % SAVE_INTERVAL == 0, measured
     assert 0 <= measured.redone <= 2 * SAVE_INTERVAL, measured
