@@ -447,7 +447,9 @@ def add_sample_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``raydiff sample`` (and ``python jobs/sample.py``)."""
     add_model_source_arguments(parser)
     parser.add_argument("--num-samples", type=int, required=True, help="images to generate")
-    parser.add_argument("--out", required=True, help="output folder (new or empty)")
+    parser.add_argument(
+        "--out", required=True, help="output folder, new or empty: a local path or a URI (s3://...)"
+    )
     parser.add_argument(
         "--timestep-respacing",
         default="",

@@ -208,6 +208,17 @@ class RemotePath:
         self.filesystem.delete_file(self.path)
 
 
+def write_text_atomically(target: Path | RemotePath, text: str) -> None:
+    """Replace the file ``target`` as a whole: a local one through a temporary file renamed into
+    place, a remote one as one object (:meth:`RemotePath.write_bytes`). Readers never see half."""
+    if isinstance(target, RemotePath):
+        target.write_text(text)
+        return
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(target)
+
+
 def upload(source: Path, target: RemotePath, *, last: str | None = None) -> None:
     """Copy the local file or folder ``source`` to ``target`` (a folder's files one by one;
     those named ``last`` after all the others)."""

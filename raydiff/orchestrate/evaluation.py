@@ -129,11 +129,7 @@ def run_bpd(options: BpdOptions, *, address: str | None = None) -> BpdResult:
     from raydiff.evaluate.bpd import concatenate_terms, summarize_terms, walk_timesteps, write_terms
     from raydiff.evaluate.report import add_to_tensorboard, run_checkpoint, write_json
     from raydiff.factory import create_gaussian_diffusion
-    from raydiff.orchestrate.model_actor import (
-        kill_actors,
-        map_batches_in_order,
-        start_model_actors,
-    )
+    from raydiff.orchestrate.model_actor import map_batches_in_order, model_actors
     from raydiff.orchestrate.trainer import ensure_ray, quiet_ray_console
     from raydiff.sample.generate import index_batches
     from raydiff.sample.load import load_sampling_model
@@ -186,13 +182,6 @@ def run_bpd(options: BpdOptions, *, address: str | None = None) -> BpdResult:
 
     ensure_ray(address=address, num_workers=options.num_workers, cpus_per_worker=1.0)
     quiet_ray_console()
-    actors = start_model_actors(
-        config,
-        diffusion_config,
-        loaded.model.state_dict(),
-        num_workers=options.num_workers,
-        use_gpu=options.use_gpu,
-    )
     logger.info(
         "bits/dim of %d %s images of %s under %s (%s): %d terms each, on %d worker(s)",
         len(x),
@@ -204,22 +193,28 @@ def run_bpd(options: BpdOptions, *, address: str | None = None) -> BpdResult:
         options.num_workers,
     )
     start = time.monotonic()
-    try:
-        with tqdm(total=len(x), unit="img", desc="bits/dim") as bar:
-            parts = map_batches_in_order(
-                actors,
-                batches,
-                lambda actor, b: actor.bpd.remote(
-                    b,
-                    x[b.start : b.stop],
-                    y[b.start : b.stop] if y is not None else None,
-                    seed=options.seed,
-                    clip_denoised=options.clip_denoised,
-                ),
-                on_result=lambda b, _: bar.update(len(b)),
-            )
-    finally:
-        kill_actors(actors)
+    with (
+        model_actors(
+            config,
+            diffusion_config,
+            loaded.model.state_dict(),
+            num_workers=options.num_workers,
+            use_gpu=options.use_gpu,
+        ) as actors,
+        tqdm(total=len(x), unit="img", desc="bits/dim") as bar,
+    ):
+        parts = map_batches_in_order(
+            actors,
+            batches,
+            lambda actor, b: actor.bpd.remote(
+                b,
+                x[b.start : b.stop],
+                y[b.start : b.stop] if y is not None else None,
+                seed=options.seed,
+                clip_denoised=options.clip_denoised,
+            ),
+            on_result=lambda b, _: bar.update(len(b)),
+        )
     seconds = time.monotonic() - start
     terms = concatenate_terms(parts)
     summary = summarize_terms(terms, num_timesteps=diffusion.num_timesteps)

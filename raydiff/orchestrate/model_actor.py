@@ -9,7 +9,8 @@ workers. The actor builds its model once from weights the driver put in the obje
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -104,7 +105,8 @@ class ModelActor:
         )
 
 
-def start_model_actors(
+@contextlib.contextmanager
+def model_actors(
     config: ExperimentConfig,
     diffusion_config: DiffusionConfig,
     weights: dict[str, Any],
@@ -112,19 +114,25 @@ def start_model_actors(
     num_workers: int,
     use_gpu: bool,
     classifier: tuple[Any, dict[str, Any], float] | None = None,
-) -> list[Any]:
+) -> Iterator[list[Any]]:
     """``num_workers`` actors of one CPU (one thread) or one GPU each, sharing one copy of the
-    weights in the object store."""
+    weights in the object store; killed when the block ends, by an error or Ctrl-C too (a
+    driver joined to a cluster would otherwise leave them holding its CPUs or GPUs)."""
     weights_ref = ray.put({k: v.cpu() for k, v in weights.items()})
     if classifier is not None:
         classifier = (classifier[0], ray.put(classifier[1]), classifier[2])
     resources = {"num_gpus": 1} if use_gpu else {"num_cpus": 1}
-    return [
+    actors = [
         ModelActor.options(**resources).remote(
             config, diffusion_config, weights_ref, threads=1, classifier=classifier
         )
         for _ in range(num_workers)
     ]
+    try:
+        yield actors
+    finally:
+        for actor in actors:
+            ray.kill(actor)
 
 
 def map_batches_in_order(
@@ -146,8 +154,3 @@ def map_batches_in_order(
         if on_result is not None:
             on_result(by_start[start], value)
     return [values[b.start] for b in batches]
-
-
-def kill_actors(actors: Iterable[Any]) -> None:
-    for actor in actors:
-        ray.kill(actor)

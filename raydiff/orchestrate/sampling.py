@@ -23,23 +23,23 @@ import numpy as np
 
 from raydiff.config import ExperimentConfig
 from raydiff.errors import UserInputError
-from raydiff.orchestrate.model_actor import kill_actors, map_batches_in_order, start_model_actors
+from raydiff.orchestrate.model_actor import map_batches_in_order, model_actors
 from raydiff.sample.generate import index_batches, sample_labels
 from raydiff.sample.load import load_sampling_model
 from raydiff.sample.options import SampleOptions, sampling_diffusion_config
 from raydiff.sample.outputs import SAMPLING_RECORD, write_grid, write_npz, write_pngs
-from raydiff.storage import RemotePath, as_location, local_copy
+from raydiff.storage import MirroredFolder, RemotePath, as_location, local_copy, resolve_location
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
 class SampleResult:
-    """What a sampling run wrote, and how fast it went."""
+    """What a sampling run wrote (local paths, or URIs for an ``--out`` URI), and how fast."""
 
-    npz: Path
-    grid: Path
-    png_dir: Path
+    npz: Path | RemotePath
+    grid: Path | RemotePath
+    png_dir: Path | RemotePath
     num_samples: int
     seconds: float
 
@@ -71,7 +71,7 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
 
     from raydiff.orchestrate.trainer import ensure_ray, quiet_ray_console
 
-    out = Path(options.out)
+    out = resolve_location(options.out)  # a local folder, or a URI (s3://, gs://, ...)
     if out.exists() and any(out.iterdir()):
         raise UserInputError(f"--out {options.out} is not empty: choose a new folder")
     # Every check before Ray starts: the checkpoint loads, the flags fit its keys. A checkpoint
@@ -112,14 +112,6 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
     }
     ensure_ray(address=address, num_workers=options.num_workers, cpus_per_worker=1.0)
     quiet_ray_console()
-    actors = start_model_actors(
-        config,
-        diffusion_config,
-        loaded.model.state_dict(),
-        num_workers=options.num_workers,
-        use_gpu=options.use_gpu,
-        classifier=guidance,
-    )
     logger.info(
         "sampling %d images from %s (%s) on %d worker(s): %s%s%s, batches of %d, seed %d",
         options.num_samples,
@@ -135,7 +127,17 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
         options.seed,
     )
     start = time.monotonic()
-    with tqdm(total=options.num_samples, unit="img", desc="sampling") as bar:
+    with (
+        model_actors(
+            config,
+            diffusion_config,
+            loaded.model.state_dict(),
+            num_workers=options.num_workers,
+            use_gpu=options.use_gpu,
+            classifier=guidance,
+        ) as actors,
+        tqdm(total=options.num_samples, unit="img", desc="sampling") as bar,
+    ):
         parts = map_batches_in_order(
             actors,
             batches,
@@ -143,17 +145,28 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
             on_result=lambda b, _: bar.update(len(b)),
         )
     seconds = time.monotonic() - start
-    kill_actors(actors)
     samples = np.concatenate(parts)
     # arr_1: the classes of a class-conditional model, or those a classifier guided towards.
     all_labels = np.concatenate([labels[b.start] for b in batches]) if num_classes else None
-    npz = write_npz(samples, out, labels=all_labels)
-    write_pngs(samples, out / "images")
-    grid = write_grid(samples, out / "grid.png")
-    # Where the samples came from: `raydiff evaluate fid` files its result under that run.
-    source = source if isinstance(source, RemotePath) else source.resolve()
-    record = {**dataclasses.asdict(options), "checkpoint": str(source)}
-    (out / SAMPLING_RECORD).write_text(json.dumps(record, indent=2))
+    # Written locally (in place, or staged and uploaded for a URI --out).
+    folder = MirroredFolder(out)
+    try:
+        npz = write_npz(samples, folder.local, labels=all_labels)
+        write_pngs(samples, folder.local / "images")
+        write_grid(samples, folder.local / "grid.png")
+        # Where the samples came from: `raydiff evaluate fid` files its result under that run.
+        source = source if isinstance(source, RemotePath) else source.resolve()
+        record = {**dataclasses.asdict(options), "checkpoint": str(source)}
+        (folder.local / SAMPLING_RECORD).write_text(json.dumps(record, indent=2))
+        # The record last: a folder holding it holds every sample.
+        for name in (npz.name, "images", "grid.png", SAMPLING_RECORD):
+            folder.publish(name)
+    finally:
+        folder.close()
     return SampleResult(
-        npz=npz, grid=grid, png_dir=out / "images", num_samples=len(samples), seconds=seconds
+        npz=out / npz.name,
+        grid=out / "grid.png",
+        png_dir=out / "images",
+        num_samples=len(samples),
+        seconds=seconds,
     )

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,7 @@ from raydiff.orchestrate.trainer import (
     run_training_job,
     sampler_actor_key,
 )
-from raydiff.storage import is_remote
+from raydiff.storage import RemotePath, as_location, resolve_location, write_text_atomically
 from raydiff.sweep.results import (
     TrialRow,
     best_row,
@@ -94,7 +95,7 @@ class TrialLifecycle(tune.Callback):
     actor when the trial ends (an early-stopped trial's process is killed, so its own clean-up
     never runs)."""
 
-    def __init__(self, *, trials_dir: Path, metric: str, max_steps: int) -> None:
+    def __init__(self, *, trials_dir: Path | RemotePath, metric: str, max_steps: int) -> None:
         self._trials_dir = trials_dir
         self._metric = metric
         self._max_steps = max_steps
@@ -142,10 +143,10 @@ class SweepOutcome:
     rows: list[TrialRow]
     table: str
     interrupted: bool
-    results_csv: Path | None
-    best_config: Path | None
+    results_csv: Path | RemotePath | None
+    best_config: Path | RemotePath | None
     best_checkpoint: str | None
-    tensorboard_dir: Path
+    tensorboard_dir: Path | RemotePath
 
 
 class TrialNumbers:
@@ -156,16 +157,14 @@ class TrialNumbers:
     the sweep folder. Tune calls this in the driver, one trial at a time.
     """
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path | RemotePath) -> None:
         self._file = out / "trial_numbers.json"
 
     def __call__(self, trial_id: str) -> int:
         numbers = json.loads(self._file.read_text()) if self._file.is_file() else {}
         if trial_id not in numbers:
             numbers[trial_id] = max(numbers.values(), default=-1) + 1
-            tmp = self._file.with_name(self._file.name + ".tmp")
-            tmp.write_text(json.dumps(numbers, indent=1))
-            tmp.replace(self._file)
+            write_text_atomically(self._file, json.dumps(numbers, indent=1))
         return numbers[trial_id]
 
 
@@ -192,7 +191,7 @@ def _param_space(dims: tuple[SearchDimension, ...]) -> dict[str, Any]:
 def _trainable(
     loaded: LoadedSweep,
     *,
-    trials_dir: Path,
+    trials_dir: Path | RemotePath,
     manifest: Manifest,
     cached_splits: dict[str, Any],
 ) -> Any:
@@ -238,7 +237,7 @@ def _default_concurrency(loaded: LoadedSweep) -> int:
 def _tuner(
     loaded: LoadedSweep,
     *,
-    out: Path,
+    out: Path | RemotePath,
     manifest: Manifest,
     concurrency: int,
     restore: bool,
@@ -263,8 +262,9 @@ def _tuner(
         # Finished and failed trials stay as they are; interrupted ones run again and continue
         # their own training run from its newest checkpoint.
         return tune.Tuner.restore(
-            str(out / TUNE_DIR),
+            tune_path(out),
             trainable=trainable,
+            storage_filesystem=storage_filesystem(out),
             resume_unfinished=True,
             resume_errored=False,
             restart_errored=False,
@@ -313,7 +313,8 @@ def _tuner(
         ),
         run_config=tune.RunConfig(
             name=TUNE_DIR,
-            storage_path=str(out),
+            storage_path=out.path if isinstance(out, RemotePath) else str(out),
+            storage_filesystem=storage_filesystem(out),
             failure_config=tune.FailureConfig(max_failures=0),
             callbacks=[
                 TrialLifecycle(
@@ -325,14 +326,25 @@ def _tuner(
     )
 
 
-def sweep_folder(flag: str, folder: str | Path) -> Path:
-    """The sweep folder as an absolute path; a URI is refused (one line, naming what works)."""
-    if is_remote(str(folder)):
+def sweep_folder(flag: str, folder: str | Path) -> Path | RemotePath:
+    """The sweep folder: an absolute local path, or a URI (s3://, gs://, ...) as a RemotePath."""
+    out = resolve_location(folder)
+    if isinstance(out, RemotePath) and "/" not in out.path:
         raise UserInputError(
-            f"{flag} {folder}: a sweep folder must be a local (or shared-disk) path; URIs "
-            "(s3://, gs://, ...) are supported by raydiff train --output"
+            f"{flag} {folder}: give the sweep a folder inside the bucket, e.g. {out}/sweeps/NAME"
         )
-    return Path(folder).expanduser().resolve()
+    return out
+
+
+def storage_filesystem(out: Path | RemotePath) -> Any:
+    """The pyarrow filesystem Tune keeps its state on: a URI's own (S3 configured from the
+    driver's environment, ``raydiff.storage``), or Tune's default for a local folder."""
+    return out.filesystem if isinstance(out, RemotePath) else None
+
+
+def tune_path(out: Path | RemotePath) -> str:
+    """Tune's experiment folder as Tune takes it (with :func:`storage_filesystem`)."""
+    return (out / TUNE_DIR).path if isinstance(out, RemotePath) else str(out / TUNE_DIR)
 
 
 def start_sweep(
@@ -373,8 +385,12 @@ def resume_sweep(output_dir: str | Path, *, address: str | None = None) -> Sweep
             f"--resume {output_dir}: no sweep there ({SWEEP_FILE} missing); start one with "
             f"`raydiff sweep --config SWEEP.yaml --output {output_dir}`"
         )
-    loaded = load_sweep(out / SWEEP_FILE, manifest_for=load_manifest)
-    restore = tune.Tuner.can_restore(str(out / TUNE_DIR))
+    with tempfile.TemporaryDirectory(prefix="raydiff-sweep-") as tmp:
+        # The sweep file names its base config next to it; both read from a local copy.
+        for name in (SWEEP_FILE, BASE_CONFIG_FILE):
+            (Path(tmp) / name).write_text((out / name).read_text())
+        loaded = load_sweep(Path(tmp) / SWEEP_FILE, manifest_for=load_manifest)
+    restore = tune.Tuner.can_restore(tune_path(out), storage_filesystem=storage_filesystem(out))
     if not restore:
         logger.warning("no Tune state in %s yet: starting its trials afresh", out / TUNE_DIR)
     return _run(loaded, out=out, manifest=None, address=address, restore=restore)
@@ -383,7 +399,7 @@ def resume_sweep(output_dir: str | Path, *, address: str | None = None) -> Sweep
 def _run(
     loaded: LoadedSweep,
     *,
-    out: Path,
+    out: Path | RemotePath,
     manifest: Manifest | None,
     address: str | None,
     restore: bool,
@@ -415,16 +431,15 @@ def _run(
     grid = tuner.fit()
     # After Ctrl-C Tune stops the running trials and marks them terminated in memory, as if
     # they had finished; the state it saved for --resume still says which had not.
-    saved = {
-        Path(t.path).name: t.status for t in tune.ExperimentAnalysis(str(out / TUNE_DIR)).trials
-    }
+    analysis = tune.ExperimentAnalysis(tune_path(out), storage_filesystem=storage_filesystem(out))
+    saved = {Path(t.path).name: t.status for t in analysis.trials}
     unfinished = {name for name, status in saved.items() if status not in ("TERMINATED", "ERROR")}
     interrupted = bool(unfinished)
     rows = [_row(loaded, out=out, result=result, unfinished=unfinished) for result in grid]
     from raydiff.orchestrate.sampler_actor import kill_actor
 
     for row in rows:  # trials stopped by Ctrl-C never reach TrialLifecycle's clean-up
-        kill_actor(sampler_actor_key(Path(row.run_dir)))
+        kill_actor(sampler_actor_key(as_location(row.run_dir)))
     rows.sort(key=lambda r: r.trial)
     metric, mode = loaded.sweep.metric, loaded.sweep.mode
     table = format_table(rows, metric=metric, mode=mode)
@@ -447,7 +462,9 @@ def _run(
     return outcome
 
 
-def _row(loaded: LoadedSweep, *, out: Path, result: Any, unfinished: set[str]) -> TrialRow:
+def _row(
+    loaded: LoadedSweep, *, out: Path | RemotePath, result: Any, unfinished: set[str]
+) -> TrialRow:
     name = Path(result.path).name
     run_dir = out / TRIALS_DIR / name
     metrics = dict(result.metrics or {})

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from raydiff.config import DiffusionConfig, ExperimentConfig
 from raydiff.errors import UserInputError
-from raydiff.storage import is_remote
 
 
 @dataclass(kw_only=True)
@@ -19,7 +18,7 @@ class SampleOptions:
     num_samples: int
     """Images to generate."""
     out: str
-    """Folder for the npz, the PNGs and the grid (new or empty; a local path)."""
+    """Folder for the npz, the PNGs and the grid (new or empty; a local path or a URI)."""
     weights: str | None = None
     """raydiff checkpoints: ``model`` or ``ema_RATE`` (default: the first EMA rate)."""
     model_flags: str | None = None
@@ -52,11 +51,6 @@ class SampleOptions:
     """Guidance scale s: the gradient of log p(y | x_t) is multiplied by it."""
 
     def __post_init__(self) -> None:
-        if is_remote(self.out):
-            raise UserInputError(
-                f"--out {self.out}: raydiff sample writes a local (or shared-disk) folder; "
-                "upload it afterwards (URIs work for --checkpoint, and raydiff train --output)"
-            )
         for name in ("num_samples", "batch_size", "num_workers"):
             if getattr(self, name) < 1:
                 raise UserInputError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Sequence
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from raydiff.config import ExperimentConfig, from_dict, to_yaml
+from raydiff.storage import RemotePath, as_location, write_text_atomically
 from raydiff.sweep.spec import Mode
 
 METRIC_COLUMNS = ("val_bpd", "val_mse", "loss")
@@ -110,33 +112,34 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def write_csv(rows: Sequence[TrialRow], path: Path, *, metric: str) -> Path:
+def write_csv(
+    rows: Sequence[TrialRow], path: Path | RemotePath, *, metric: str
+) -> Path | RemotePath:
     """``results.csv``: one line per trial, every swept value and final metric as a column."""
     keys, metrics = _columns(rows, metric)
     extra = sorted({m for r in rows for m in r.metrics} - set(metrics))
     header = ["trial", *keys, "seed", "status", "steps", *metrics, *extra, "checkpoint", "run_dir"]
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        for r in rows:
-            writer.writerow(
-                [
-                    r.trial,
-                    *(r.values.get(k, "") for k in keys),
-                    "" if r.seed is None else r.seed,
-                    r.status,
-                    "" if r.step is None else r.step,
-                    *(r.metrics.get(m, "") for m in [*metrics, *extra]),
-                    r.checkpoint,
-                    r.run_dir,
-                ]
-            )
-    tmp.replace(path)
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(header)
+    for r in rows:
+        writer.writerow(
+            [
+                r.trial,
+                *(r.values.get(k, "") for k in keys),
+                "" if r.seed is None else r.seed,
+                r.status,
+                "" if r.step is None else r.step,
+                *(r.metrics.get(m, "") for m in [*metrics, *extra]),
+                r.checkpoint,
+                r.run_dir,
+            ]
+        )
+    write_text_atomically(path, text.getvalue())
     return path
 
 
-def read_run_config(run_dir: Path) -> ExperimentConfig | None:
+def read_run_config(run_dir: Path | RemotePath) -> ExperimentConfig | None:
     """The resolved config a training run saved (``config.json``), or None if it has none yet."""
     file = run_dir / "config.json"
     if not file.is_file():
@@ -145,10 +148,10 @@ def read_run_config(run_dir: Path) -> ExperimentConfig | None:
     return from_dict(ExperimentConfig, data)
 
 
-def write_best_config(row: TrialRow, path: Path) -> Path | None:
+def write_best_config(row: TrialRow, path: Path | RemotePath) -> Path | RemotePath | None:
     """``best_config.yaml``: the best trial's full training config, as ``raydiff train
     --config`` takes it (None when its run left no config)."""
-    config = read_run_config(Path(row.run_dir))
+    config = read_run_config(as_location(row.run_dir))
     if config is None:
         return None
     values = ", ".join(f"{k}={_show(v)}" for k, v in row.values.items())
@@ -156,7 +159,5 @@ def write_best_config(row: TrialRow, path: Path) -> Path | None:
         f"# The best trial of this sweep ({row.trial}: {values}).\n"
         f"# Train it on: raydiff train --config {path} --output DIR [--max-steps N]\n"
     )
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(header + to_yaml(config))
-    tmp.replace(path)
+    write_text_atomically(path, header + to_yaml(config))
     return path

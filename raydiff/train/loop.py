@@ -22,6 +22,7 @@ attempt logged after its last checkpoint is dropped on resume anyway, see ``purg
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -40,6 +41,7 @@ from raydiff.train.sample_grid import ema_samples, sampling_diffusion, save_grid
 from raydiff.train.trainer import (
     DataPosition,
     MetricAccumulator,
+    RanksOutOfSyncError,
     ThroughputWindow,
     format_eta,
     now,
@@ -163,10 +165,26 @@ def run_loop(
             writer.flush()
             files.publish("tensorboard", min_interval_s=0 if now else EVENTS_UPLOAD_INTERVAL_S)
 
-    def checkpoint_files() -> dict[str, Any]:
+    def rank_fingerprints() -> list[list[float]]:
+        """Every rank's :meth:`Trainer.weight_fingerprint` (a collective: all ranks call it);
+        ranks that differ stop the run, which then restarts from its last checkpoint."""
+        table = torch.zeros(runtime.world_size, 2, dtype=torch.float64)
+        table[runtime.rank] = trainer.weight_fingerprint()
+        table = runtime.all_reduce_sum({"weights": table})["weights"].reshape(-1, 2)
+        if not torch.equal(table, table[:1].expand_as(table)):
+            raise RanksOutOfSyncError(
+                f"at step {trainer.step} the data-parallel ranks hold different weights "
+                f"(sum, sum of squares per rank: {table.tolist()}); the run restarts from its "
+                "last checkpoint, whose weights every rank loads"
+            )
+        return table.tolist()
+
+    def checkpoint_files(fingerprints: list[list[float]]) -> dict[str, Any]:
         """What a checkpoint holds (main rank; a loss-history actor is read here)."""
         trainer_state = trainer.state_dict()
         trainer_state.update(position.state(global_batch=global_batch))
+        # Evidence that every rank held these weights: one fingerprint per rank, all equal.
+        trainer_state["rank_weight_fingerprints"] = fingerprints
         return {
             "model_state": raw_model.state_dict(),
             "ema_states": {r: trainer.ema.state_dict_for(r, raw_model) for r in trainer.ema.rates},
@@ -231,7 +249,8 @@ def run_loop(
                 format_eta(eta),
             )
             publish_events(now=is_save)
-        runtime.report(report, step=step, checkpoint=checkpoint_files if is_save else None)
+        checkpoint = functools.partial(checkpoint_files, rank_fingerprints()) if is_save else None
+        runtime.report(report, step=step, checkpoint=checkpoint)
         last_report.update(report)
     if writer is not None and files is not None:
         writer.close()

@@ -32,6 +32,10 @@ class TrainingCollapsedError(RuntimeError):
     """Training cannot make progress (every step skipped, or the fp16 loss scale collapsed)."""
 
 
+class RanksOutOfSyncError(RuntimeError):
+    """Data-parallel ranks hold different weights (checked at every checkpoint)."""
+
+
 @dataclass
 class StepResult:
     """What one optimiser step did. Tensors stay on the device until someone logs them."""
@@ -347,6 +351,18 @@ class Trainer:
                 f"(< train.min_loss_scale={self.train_config.min_loss_scale:g}): every step "
                 "overflows. Use precision=bf16 or fp32, lower optim.lr, or set optim.grad_clip."
             )
+
+    def weight_fingerprint(self) -> torch.Tensor:
+        """``[sum(w), sum(w^2)]`` over the model's parameters, float64 on the CPU.
+
+        Data-parallel ranks apply the same all-reduced gradients to the same weights, so their
+        fingerprints are bitwise equal; any difference means the ranks diverged.
+        """
+        with torch.no_grad():
+            params = [p.detach().double() for p in self.raw_model.parameters()]
+            total = torch.stack([p.sum() for p in params]).sum()
+            squares = torch.stack([(p * p).sum() for p in params]).sum()
+        return torch.stack([total, squares]).cpu()
 
     def eval_weights(self) -> dict[str, torch.Tensor]:
         """Weights for validation and samples: the first EMA rate's, or the model's without EMA."""

@@ -59,6 +59,7 @@ REPO = Path(__file__).resolve().parents[2]
 HEAD_CPUS = 1
 NODE_CPUS = 2  # = scaling.cpus_per_worker: one training worker per worker node
 GLOBAL_BATCH = 8
+WORKERS = 2
 SAVE_INTERVAL = 4
 PROTOCOL_PREFIX = "@fault-cluster "
 RUN_TIMEOUT_S = 240
@@ -88,7 +89,7 @@ TINY_RUN = [
     "train.sample_count=4",
     "train.sample_steps=4",
     "train.schedule_sampler=loss-second-moment",
-    "scaling.num_workers=2",
+    f"scaling.num_workers={WORKERS}",
     f"scaling.cpus_per_worker={NODE_CPUS}",
     "scaling.checkpoints_to_keep=100",
     "scaling.sampler_refresh_interval=2",
@@ -555,7 +556,8 @@ def checkpoint_steps(out: Path) -> list[int]:
 
 
 def assert_checkpoints_intact(out: Path) -> list[int]:
-    """Every checkpoint folder left in ``out`` is complete and loads; returns their steps."""
+    """Every checkpoint folder left in ``out`` is complete, loads, and was taken while all ranks
+    held the same weights (one equal fingerprint per rank); returns their steps."""
     from raydiff.train.checkpoint import incomplete_reason, load_checkpoint
 
     steps = checkpoint_steps(out)
@@ -564,6 +566,9 @@ def assert_checkpoints_intact(out: Path) -> list[int]:
         assert incomplete_reason(folder) is None, (folder, incomplete_reason(folder))
         state = load_checkpoint(folder)
         assert state["trainer"]["step"] == step, folder
+        fingerprints = state["trainer"]["rank_weight_fingerprints"]
+        assert len(fingerprints) == WORKERS, (folder, fingerprints)
+        assert all(f == fingerprints[0] for f in fingerprints), (folder, fingerprints)
     return steps
 
 
@@ -828,7 +833,9 @@ def test_ctrl_c_then_the_same_command_continues_the_run(interrupted_run):
 def test_the_node_of_the_loss_history_actor_dies(interrupted_run):
     """The node holding the run's loss-history actor (and no training worker) dies mid-run: Ray
     restarts the actor on another node, its history comes back from the newest checkpoint, and
-    the workers go on without a restart (their calls wait for the new actor and reach it)."""
+    the workers go on without a restart (their calls wait for the new actor and reach it), all
+    ranks with identical weights (every checkpoint records each rank's weight fingerprint; the
+    loop stops a run whose ranks differ)."""
     run = interrupted_run
     out, after, placed = run.out, run.after, run.placed
     text = run.again.text()

@@ -122,3 +122,84 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     second_events.Reload()
     assert [e.step for e in second_events.Scalars("train/loss_step")] == [5, 6]
     assert "runs/r1/samples/samples_000006.png" in bucket_keys(s3_bucket)
+
+    # Samples from the checkpoint in the bucket, into the bucket; the folder is refused once full.
+    from raydiff.errors import UserInputError
+    from raydiff.orchestrate.sampling import run_sampling
+    from raydiff.sample.options import SampleOptions
+
+    options = SampleOptions(
+        checkpoint=second["checkpoint"],
+        num_samples=3,
+        out=f"s3://{s3_bucket}/samples/s1",
+        timestep_respacing="ddim4",
+        use_ddim=True,
+        batch_size=2,
+    )
+    result = run_sampling(options)
+    assert str(result.npz).startswith(f"s3://{s3_bucket}/samples/s1/samples_3x")
+    sample_keys = {k for k in bucket_keys(s3_bucket) if k.startswith("samples/s1/")}
+    assert {
+        "samples/s1/grid.png",
+        "samples/s1/sampling.json",
+        *(f"samples/s1/images/sample_{i:06d}.png" for i in range(3)),
+    } <= sample_keys, sorted(sample_keys)
+    with pytest.raises(UserInputError, match="is not empty"):
+        run_sampling(options)
+
+
+def test_a_sweep_on_s3_writes_its_trials_and_results_there_and_resumes(
+    ray_cluster, tiny_dataset, s3_bucket, tmp_path
+):
+    import csv
+    import io
+
+    from test_sweep import write_base, write_sweep
+
+    from raydiff.orchestrate.sweep import resume_sweep, start_sweep
+    from raydiff.storage import as_location
+    from raydiff.sweep.spec import load_sweep
+
+    base = write_base(tmp_path, tiny_dataset.path)
+    sweep = write_sweep(
+        tmp_path,
+        base=str(base),
+        set={"max_steps": 4, "seed": 0},
+        search_space={"noise_schedule": {"grid": ["cosine"]}},
+        scheduler={"name": "none"},
+    )
+    uri = f"s3://{s3_bucket}/sweeps/s1"
+    outcome = start_sweep(load_sweep(sweep), output_dir=uri)
+    print(outcome.table)
+    assert not outcome.interrupted
+    assert str(outcome.results_csv) == f"{uri}/results.csv"
+    assert outcome.best_checkpoint == f"{uri}/trials/t0000_noise_schedule-cosine/checkpoint_000004"
+
+    keys = {k.removeprefix("sweeps/s1/") for k in bucket_keys(s3_bucket) if "sweeps/s1/" in k}
+    trial = "trials/t0000_noise_schedule-cosine"
+    assert {
+        "sweep.yaml",
+        "base_config.yaml",
+        "results.csv",
+        "best_config.yaml",
+        f"{trial}/config.json",
+        f"{trial}/trial.json",
+        f"{trial}/checkpoint_000004/model.pt",
+    } <= keys, sorted(keys)
+    assert any(k.startswith(f"{trial}/tensorboard/events.out.tfevents.") for k in keys)
+    assert any(k.startswith("tune/") for k in keys)  # Tune's state, what --resume reads
+    assert not Path("s3:").exists()
+    rows = list(csv.DictReader(io.StringIO((as_location(uri) / "results.csv").read_text())))
+    assert [(r["trial"], r["status"], r["steps"]) for r in rows] == [
+        ("t0000_noise_schedule-cosine", "finished", "4")
+    ]
+
+    # --resume of the finished sweep: Tune's state comes back from the bucket, no trial re-runs
+    # (a trial that starts rewrites its trial.json).
+    trial_file = as_location(uri) / trial / "trial.json"
+    started = trial_file.read_text()
+    again = resume_sweep(uri)
+    assert [(r.trial, r.status, r.step) for r in again.rows] == [
+        ("t0000_noise_schedule-cosine", "finished", 4)
+    ]
+    assert trial_file.read_text() == started

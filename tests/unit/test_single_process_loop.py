@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from raydiff.config import ExperimentConfig, apply_overrides
@@ -161,3 +162,48 @@ def test_a_resumed_run_continues_the_data_order_and_the_losses(tmp_path: Path) -
         a = torch.load(tmp_path / "whole" / "checkpoint_000007" / name, weights_only=True)
         b = torch.load(tmp_path / "parts" / "checkpoint_000007" / name, weights_only=True)
         assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+class TwoRankRuntime(LocalRuntime):
+    """Rank 0 of 2, the other rank simulated: its values in every sum equal this rank's, but its
+    weight fingerprint is off by ``drift`` (0: in sync)."""
+
+    world_size = 2
+
+    def __init__(self, *args, drift: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.drift = drift
+
+    def all_reduce_sum(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        summed = {k: v * 2 for k, v in values.items() if k != "weights"}
+        if "weights" in values:
+            table = values["weights"].clone()
+            table[1] = table[0] + self.drift
+            summed["weights"] = table
+        return summed
+
+
+def two_rank_run(tmp_path: Path, *, drift: float) -> dict:
+    runtime = TwoRankRuntime(
+        tiny_config(3), output_dir=tmp_path, resume=None, images=images(), labels=None, drift=drift
+    )
+    return run_loop(tiny_config(3), runtime=runtime, output_dir=tmp_path)
+
+
+def test_every_checkpoint_records_that_all_ranks_hold_the_same_weights(tmp_path: Path) -> None:
+    from raydiff.train.checkpoint import load_checkpoint
+
+    two_rank_run(tmp_path, drift=0.0)
+    state = load_checkpoint(tmp_path / "checkpoint_000003")
+    fingerprints = state["trainer"]["rank_weight_fingerprints"]
+    assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
+    params = [v.double() for v in state["model"].values()]
+    assert fingerprints[0][0] == pytest.approx(float(sum(p.sum() for p in params)), rel=1e-6)
+
+
+def test_ranks_with_different_weights_stop_the_run_before_it_checkpoints(tmp_path: Path) -> None:
+    from raydiff.train.trainer import RanksOutOfSyncError
+
+    with pytest.raises(RanksOutOfSyncError, match="at step 3 the data-parallel ranks hold"):
+        two_rank_run(tmp_path, drift=1e-9)
+    assert not list(tmp_path.glob("checkpoint_*"))

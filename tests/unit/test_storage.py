@@ -22,6 +22,7 @@ from raydiff.storage import (
     open_filesystem,
     resolve_location,
     upload,
+    write_text_atomically,
 )
 from raydiff.train.checkpoint import (
     FILES_FILE,
@@ -234,3 +235,12 @@ def test_a_single_process_run_writes_to_and_resumes_from_a_uri(memory, tmp_path)
         events.Reload()
         steps.append([e.step for e in events.Scalars("train/loss_step")])
     assert steps == [[1, 2, 3, 4], [5, 6]]  # the second run continued at step 5
+
+
+def test_write_text_atomically_replaces_whole_files_and_leaves_no_temporaries(tmp_path, memory):
+    for folder in (tmp_path, memory):
+        target = folder / "results.csv"
+        write_text_atomically(target, "a\n")
+        write_text_atomically(target, "b\n")
+        assert target.read_text() == "b\n"
+        assert [p.name for p in folder.iterdir()] == ["results.csv"]
