@@ -148,24 +148,31 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
         run_sampling(options)
 
 
-def test_a_sweep_on_s3_writes_its_trials_and_results_there_and_resumes(
+def test_a_sweep_on_s3_with_a_failing_trial_resumes_from_the_bucket(
     ray_cluster, tiny_dataset, s3_bucket, tmp_path
 ):
+    """A sweep into s3://: Tune's state, the trials' runs and the results files go to the
+    bucket; a failing trial is marked failed while the sweep goes on; --resume reads Tune's
+    state back from the bucket and re-runs neither the finished nor the failed trial."""
     import csv
     import io
 
-    from test_sweep import write_base, write_sweep
+    import yaml
+    from test_sweep import _assert_nothing_left_behind, write_base, write_sweep
 
     from raydiff.orchestrate.sweep import resume_sweep, start_sweep
     from raydiff.storage import as_location
     from raydiff.sweep.spec import load_sweep
 
     base = write_base(tmp_path, tiny_dataset.path)
+    # fp16 from a loss scale far too large: every step overflows, the scale halves below
+    # min_loss_scale at the second step and the run stops with an error. fp32 has no loss scale.
     sweep = write_sweep(
         tmp_path,
         base=str(base),
-        set={"max_steps": 4, "seed": 0},
-        search_space={"noise_schedule": {"grid": ["cosine"]}},
+        set={"max_steps": 4, "seed": 0, "initial_loss_scale": 1e38, "min_loss_scale": 3e37},
+        search_space={"precision": {"grid": ["fp16", "fp32"]}},
+        max_concurrent_trials=2,
         scheduler={"name": "none"},
     )
     uri = f"s3://{s3_bucket}/sweeps/s1"
@@ -173,33 +180,36 @@ def test_a_sweep_on_s3_writes_its_trials_and_results_there_and_resumes(
     print(outcome.table)
     assert not outcome.interrupted
     assert str(outcome.results_csv) == f"{uri}/results.csv"
-    assert outcome.best_checkpoint == f"{uri}/trials/t0000_noise_schedule-cosine/checkpoint_000004"
+    good, bad = "trials/t0001_precision-fp32", "trials/t0000_precision-fp16"
+    assert outcome.best_checkpoint == f"{uri}/{good}/checkpoint_000004"
 
     keys = {k.removeprefix("sweeps/s1/") for k in bucket_keys(s3_bucket) if "sweeps/s1/" in k}
-    trial = "trials/t0000_noise_schedule-cosine"
     assert {
         "sweep.yaml",
         "base_config.yaml",
         "results.csv",
         "best_config.yaml",
-        f"{trial}/config.json",
-        f"{trial}/trial.json",
-        f"{trial}/checkpoint_000004/model.pt",
+        f"{good}/config.json",
+        f"{good}/trial.json",
+        f"{good}/checkpoint_000004/model.pt",
+        f"{bad}/trial.json",
     } <= keys, sorted(keys)
-    assert any(k.startswith(f"{trial}/tensorboard/events.out.tfevents.") for k in keys)
+    assert any(k.startswith(f"{good}/tensorboard/events.out.tfevents.") for k in keys)
     assert any(k.startswith("tune/") for k in keys)  # Tune's state, what --resume reads
     assert not Path("s3:").exists()
-    rows = list(csv.DictReader(io.StringIO((as_location(uri) / "results.csv").read_text())))
-    assert [(r["trial"], r["status"], r["steps"]) for r in rows] == [
-        ("t0000_noise_schedule-cosine", "finished", "4")
-    ]
+    text = (as_location(uri) / "results.csv").read_text()
+    rows = {r["precision"]: r for r in csv.DictReader(io.StringIO(text))}
+    assert rows["fp16"]["status"].startswith("failed: "), rows["fp16"]
+    assert "loss scale" in rows["fp16"]["status"]
+    assert rows["fp32"]["status"] == "finished" and int(rows["fp32"]["steps"]) == 4
+    best = yaml.safe_load((as_location(uri) / "best_config.yaml").read_text())
+    assert best["train"]["precision"] == "fp32"
+    _assert_nothing_left_behind()
 
-    # --resume of the finished sweep: Tune's state comes back from the bucket, no trial re-runs
-    # (a trial that starts rewrites its trial.json).
-    trial_file = as_location(uri) / trial / "trial.json"
-    started = trial_file.read_text()
+    # A trial that starts rewrites its trial.json: neither may start again.
+    started = {t: (as_location(uri) / t / "trial.json").read_text() for t in (good, bad)}
     again = resume_sweep(uri)
-    assert [(r.trial, r.status, r.step) for r in again.rows] == [
-        ("t0000_noise_schedule-cosine", "finished", 4)
-    ]
-    assert trial_file.read_text() == started
+    statuses = {r.trial: r.status for r in again.rows}
+    assert statuses["t0001_precision-fp32"] == "finished"
+    assert statuses["t0000_precision-fp16"].startswith("failed: ")
+    assert {t: (as_location(uri) / t / "trial.json").read_text() for t in started} == started

@@ -1,8 +1,9 @@
 """Ray Tune sweeps on the shared local cluster: tiny models, tiny real shards.
 
 A 4-trial sweep runs to the end with ASHA stopping at least one trial early and its results files
-list exactly the trials that ran; a failing trial is marked failed while the sweep goes on; a
-sweep interrupted with Ctrl-C continues with ``--resume`` without re-running finished trials.
+list exactly the trials that ran; a sweep interrupted with Ctrl-C continues with ``--resume``
+without re-running finished trials. A failing trial, marked failed while the sweep goes on, is
+tested with the sweep on S3 (test_storage_s3.py).
 """
 
 from __future__ import annotations
@@ -135,34 +136,6 @@ def _assert_nothing_left_behind() -> None:
         time.sleep(1)
 
 
-def test_a_failing_trial_is_marked_failed_and_the_sweep_goes_on(
-    ray_cluster, tiny_dataset, tmp_path
-):
-    from raydiff.orchestrate.sweep import start_sweep
-    from raydiff.sweep.spec import load_sweep
-
-    base = write_base(tmp_path, tiny_dataset.path)
-    # fp16 from a loss scale far too large: every step overflows, the scale halves below
-    # min_loss_scale at the second step and the run stops with an error. fp32 has no loss scale.
-    sweep = write_sweep(
-        tmp_path,
-        base=str(base),
-        set={"max_steps": 8, "initial_loss_scale": 1e38, "min_loss_scale": 3e37},
-        search_space={"precision": {"grid": ["fp16", "fp32"]}},
-        max_concurrent_trials=2,
-        scheduler={"name": "none"},
-    )
-    out = tmp_path / "sweep_out"
-    outcome = start_sweep(load_sweep(sweep), output_dir=out)
-    print(outcome.table)
-    rows = {r["precision"]: r for r in read_results(out)}
-    assert rows["fp16"]["status"].startswith("failed: "), rows["fp16"]
-    assert "loss scale" in rows["fp16"]["status"]
-    assert rows["fp32"]["status"] == "finished" and int(rows["fp32"]["steps"]) == 8
-    assert yaml.safe_load((out / "best_config.yaml").read_text())["train"]["precision"] == "fp32"
-    _assert_nothing_left_behind()
-
-
 def _sweep_cli(*args: str) -> subprocess.Popen:
     """``raydiff sweep ARGS`` as a user runs it, on the test cluster."""
     import ray
@@ -193,7 +166,7 @@ def test_an_interrupted_sweep_resumes_without_rerunning_finished_trials(
     sweep = write_sweep(
         tmp_path,
         base=str(base),
-        set={"max_steps": 24},
+        set={"max_steps": 12},
         search_space={"lr": {"grid": [1e-3, 2e-3]}},
         max_concurrent_trials=1,
         scheduler={"name": "none"},
@@ -209,7 +182,7 @@ def test_an_interrupted_sweep_resumes_without_rerunning_finished_trials(
         # Interrupted while the second trial trains (the first has finished).
         _wait_for(lambda: checkpoints("t0001"), timeout=240, what="the second trial's checkpoint")
         finished = checkpoints("t0000")
-        assert finished and finished[-1].parent.name == "checkpoint_000024"
+        assert finished and finished[-1].parent.name == "checkpoint_000012"
         finished_mtime = finished[-1].stat().st_mtime_ns
         first.send_signal(signal.SIGINT)
         output, _ = first.communicate(timeout=120)
@@ -228,7 +201,7 @@ def test_an_interrupted_sweep_resumes_without_rerunning_finished_trials(
     assert again.returncode == 0, output
     rows = read_results(out)
     assert [r["status"] for r in rows] == ["finished", "finished"]
-    assert [int(r["steps"]) for r in rows] == [24, 24]
+    assert [int(r["steps"]) for r in rows] == [12, 12]
     # The finished trial did not run again; the interrupted one continued its own run.
     assert checkpoints("t0000")[-1].stat().st_mtime_ns == finished_mtime
     assert "trial t0000_lr-0.001 started" not in output

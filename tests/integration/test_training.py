@@ -13,7 +13,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from raydiff.config import ExperimentConfig, apply_overrides, from_dict, to_dict
@@ -240,44 +239,33 @@ def test_a_killed_worker_resumes_from_the_last_checkpoint(ray_cluster, tiny_data
     assert recorded_losses(final) == max_steps * GLOBAL_BATCH
 
 
-@pytest.mark.parametrize("first,second", [(2, 1), (1, 2)])
-def test_resume_on_a_different_number_of_workers(
-    ray_cluster, tiny_dataset, tmp_path, first, second
-):
-    first_out, second_out = tmp_path / f"first{first}", tmp_path / f"second{second}"
-    run(
-        tiny_config(tiny_dataset.path, **{"train.max_steps": 4, "scaling.num_workers": first}),
-        first_out,
-    )
-    start = load_checkpoint(first_out / "checkpoint_000004")
-    result = run(
-        tiny_config(tiny_dataset.path, **{"train.max_steps": 8, "scaling.num_workers": second}),
-        second_out,
-        resume=first_out / "checkpoint_000004",
-    )
-    assert result["step"] == 8
-    names = sorted(p.name for p in second_out.glob("checkpoint_0*"))
-    assert names == ["checkpoint_000008"], names  # the step continued from 4, not from 0
-    end = load_checkpoint(second_out / "checkpoint_000008")
-    assert end["config"]["scaling"]["num_workers"] == second
-    assert recorded_losses(second_out / "checkpoint_000008") == 8 * GLOBAL_BATCH
-    # The data position continued too: 8 steps into the (36-step) first epoch, not 4.
-    assert read_progress(first_out / "checkpoint_000004") == {
-        "step": 4,
-        "epoch": 0,
-        "epoch_samples": 4 * GLOBAL_BATCH,
-    }
-    assert read_progress(second_out / "checkpoint_000008") == {
-        "step": 8,
-        "epoch": 0,
-        "epoch_samples": 8 * GLOBAL_BATCH,
-    }
-    # The EMA continued from the checkpoint's average rather than restarting from the weights.
-    ema_start = start["ema"][0.9]["out.2.weight"]
-    ema_end = end["ema"][0.9]["out.2.weight"]
-    model_end = end["model"]["out.2.weight"]
-    assert not torch.equal(ema_end, model_end)
-    assert not torch.equal(ema_start, ema_end)
+def test_resume_on_a_different_number_of_workers(ray_cluster, tiny_dataset, tmp_path):
+    """2 workers to step 4, then 1 worker to step 8 from that checkpoint, then 2 to step 12."""
+    previous = None
+    for workers, max_steps in ((2, 4), (1, 8), (2, 12)):
+        out = tmp_path / f"to{max_steps}_on{workers}"
+        config = {"train.max_steps": max_steps, "scaling.num_workers": workers}
+        result = run(tiny_config(tiny_dataset.path, **config), out, resume=previous)
+        assert result["step"] == max_steps
+        names = sorted(p.name for p in out.glob("checkpoint_0*"))
+        checkpoint = out / f"checkpoint_{max_steps:06d}"
+        assert names == [checkpoint.name], names  # the step continued from the checkpoint
+        state = load_checkpoint(checkpoint)
+        assert state["config"]["scaling"]["num_workers"] == workers
+        assert recorded_losses(checkpoint) == max_steps * GLOBAL_BATCH
+        # The data position continued too: max_steps into the (36-step) first epoch.
+        assert read_progress(checkpoint) == {
+            "step": max_steps,
+            "epoch": 0,
+            "epoch_samples": max_steps * GLOBAL_BATCH,
+        }
+        if previous is not None:
+            # The EMA continued from the checkpoint's average rather than from the weights.
+            ema_start = load_checkpoint(previous)["ema"][0.9]["out.2.weight"]
+            ema_end = state["ema"][0.9]["out.2.weight"]
+            assert not torch.equal(ema_end, state["model"]["out.2.weight"])
+            assert not torch.equal(ema_start, ema_end)
+        previous = checkpoint
 
 
 def _run_in_thread(config: dict, out: Path) -> tuple[threading.Thread, dict]:
