@@ -11,6 +11,11 @@ import pytest
 
 _TIERS = {"unit": "unit", "integration": "integration", "e2e": "slow"}
 
+# Integration tests that run Ray clusters of their own (several nodes, `ray start`) go first:
+# before the shared local cluster starts, whose idle processes would otherwise take CPU from
+# their clusters for the whole of their run (minutes, on a 2-core machine).
+_OWN_CLUSTERS = ("test_faults.py", "test_job_submit.py")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
@@ -18,3 +23,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for folder, marker in _TIERS.items():
             if folder in parts:
                 item.add_marker(getattr(pytest.mark, marker))
+    items.sort(key=lambda item: Path(str(item.fspath)).name not in _OWN_CLUSTERS)  # stable
