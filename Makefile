@@ -1,6 +1,6 @@
 # raydiff developer entry points. `make demo` and `make test` each set the machine up first
 # (virtualenv, pinned packages, dataset) through scripts/setup.sh.
-.PHONY: setup demo sweep test test-unit test-integration test-slow lint format bench bench-data bench-overhead bench-sweep bench-sampling data constraints config-doc
+.PHONY: setup demo sweep test test-unit test-integration test-slow lint format bench bench-data bench-overhead bench-startup bench-sweep bench-sampling data constraints config-doc
 
 
 setup:
@@ -61,6 +61,9 @@ bench-data:
 
 bench-overhead:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" bench/train_overhead.py
+
+bench-startup:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" bench/train_startup.py $(ARGS)
 
 bench-sweep:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" bench/sweep_overhead.py $(ARGS)

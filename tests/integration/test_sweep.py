@@ -166,8 +166,11 @@ def test_an_interrupted_sweep_resumes_without_rerunning_finished_trials(
     sweep = write_sweep(
         tmp_path,
         base=str(base),
-        set={"max_steps": 12},
+        # No validation split (its Ray Data coordinator is one more process per trial): the
+        # objective is the training loss.
+        set={"max_steps": 12, "data.val_split": ""},
         search_space={"lr": {"grid": [1e-3, 2e-3]}},
+        metric="loss",
         max_concurrent_trials=1,
         scheduler={"name": "none"},
     )
@@ -221,8 +224,9 @@ def test_optuna_tpe_draws_trials_within_the_space(ray_cluster, tiny_dataset, tmp
     sweep = write_sweep(
         tmp_path,
         base=str(base),
-        set={"max_steps": 4},
+        set={"max_steps": 4, "data.val_split": ""},
         search_space={"lr": {"loguniform": [1e-4, 1e-2]}, "num_res_blocks": {"randint": [1, 3]}},
+        metric="loss",
         search="optuna",
         num_samples=2,
         max_concurrent_trials=2,
