@@ -184,10 +184,12 @@ class TwoRankRuntime(LocalRuntime):
 
 
 def two_rank_run(tmp_path: Path, *, drift: float) -> dict:
+    """3 steps, the checkpoint at step 3; no validation split, a 4-image 2-step sample grid."""
+    config = apply_overrides(tiny_config(3), ["train.sample_count=4", "train.sample_steps=2"])
     runtime = TwoRankRuntime(
-        tiny_config(3), output_dir=tmp_path, resume=None, images=images(), labels=None, drift=drift
+        config, output_dir=tmp_path, resume=None, images=images(), labels=None, drift=drift
     )
-    return run_loop(tiny_config(3), runtime=runtime, output_dir=tmp_path)
+    return run_loop(config, runtime=runtime, output_dir=tmp_path)
 
 
 def test_every_checkpoint_records_that_all_ranks_hold_the_same_weights(tmp_path: Path) -> None:
