@@ -54,6 +54,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_job_submit import free_ports
+from test_training import tensorboard_starts
 
 REPO = Path(__file__).resolve().parents[2]
 HEAD_CPUS = 1
@@ -253,18 +255,6 @@ def serve_cluster(temp_dir: str) -> None:
     if ray.is_initialized():
         ray.shutdown()
     cluster.shutdown()
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free right now (held open together so that none repeats)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @dataclass(frozen=True)
@@ -527,23 +517,6 @@ def current_group(cluster: FaultCluster, run: Driver) -> tuple[int, int]:
 
     run.wait_for(only_this_group, "the worker group's 2 workers", timeout=60)
     return rank0, next(pid for pid in train_worker_pids(cluster, run.out) if pid != rank0)
-
-
-def tensorboard_starts(out: Path) -> list[int]:
-    """The first step of every TensorBoard event file of the run, oldest first: one per worker
-    group that trained (a group that resumed from checkpoint_S starts at S + 1)."""
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-    from tensorboard.compat.proto.event_pb2 import SessionLog
-
-    files = sorted((out / "tensorboard").glob("events.out.tfevents.*"), key=os.path.getmtime)
-    return [
-        next(
-            event.step
-            for event in EventFileLoader(str(f)).Load()
-            if event.HasField("session_log") and event.session_log.status == SessionLog.START
-        )
-        for f in files
-    ]
 
 
 def console_line(text: str, start: str) -> str:

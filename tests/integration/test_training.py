@@ -186,7 +186,7 @@ def _train_worker_pids(run_name: str) -> list[int]:
     return pids
 
 
-def _tensorboard_starts(run_dir: Path) -> list[int]:
+def tensorboard_starts(run_dir: Path) -> list[int]:
     """The first step of every TensorBoard event file in the run, oldest file first.
 
     Rank 0 opens one writer per worker-group attempt with ``purge_step`` = the step it starts
@@ -226,7 +226,7 @@ def test_a_killed_worker_resumes_from_the_last_checkpoint(ray_cluster, tiny_data
     assert outcome["result"]["step"] == max_steps
     # The worker group was restarted and resumed from a checkpoint (not from step 0): the second
     # attempt's TensorBoard writer starts at that checkpoint's step + 1.
-    starts = _tensorboard_starts(out)
+    starts = tensorboard_starts(out)
     assert len(starts) == 2 and starts[0] == 1, f"not exactly one restart: {starts}"
     resumed_step = starts[1] - 1
     # A checkpoint of this run: 12, or 8 when 12 was not committed yet (see ray-notes.md).
