@@ -159,14 +159,18 @@ def _decode(
         decoded_bytes(manifest, split) / 2**20,
         config.cache_max_bytes / 2**20,
     )
-    dataset = _read_shards(manifest.shard_uris(split), shuffle=file_shuffle)
-    return dataset.map_batches(
+    dataset = _read_shards(manifest.shard_uris(split), shuffle=file_shuffle).map_batches(
         decode_batch,
         fn_kwargs={"image_size": manifest.image_size, "channels": manifest.channels},
         batch_size=config.decode_batch_size,
         batch_format="numpy",
         zero_copy_batch=True,
     )
+    # Before any execution, the cache's materialize included: without it the cached blocks come
+    # in whichever order the decode tasks finish, and a seeded block order permutes a different
+    # list every time (a resumed run would then skip other rows than the ones it trained on).
+    dataset.context.execution_options.preserve_order = config.deterministic
+    return dataset
 
 
 def build_split(
