@@ -253,6 +253,11 @@ def _train_on_ray(
         epoch_offset=progress.get("epoch", 0),
         cached=cached_splits,
     )
+    if "val" in datasets:
+        # Every rank reads these rows and evaluates its slice of them (RayRuntime.val_batches):
+        # the same images at every evaluation and for any worker count, and no streaming-split
+        # coordinator process for a split this small.
+        datasets["val"] = datasets["val"].limit(config.train.eval_num_images)
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:
         get_or_create_actor(
@@ -289,7 +294,7 @@ def _train_on_ray(
         ),
         datasets=datasets,
         dataset_config=ray.train.DataConfig(
-            datasets_to_split=["train", *(["val"] if "val" in datasets else [])],
+            datasets_to_split=["train"],
             execution_options=execution_options(config.data),
         ),
     )

@@ -36,6 +36,7 @@ from raydiff.train.checkpoint import (
 from raydiff.train.loop import run_loop
 from raydiff.train.runtime import Batch, CheckpointFiles, ValBatches
 from raydiff.train.trainer import DataPosition
+from raydiff.train.validation import rank_slice
 
 logger = logging.getLogger(__name__)
 
@@ -147,24 +148,24 @@ class RayRuntime:
         )
 
     def val_batches(self, *, num_images: int, batch_size: int) -> ValBatches:
-        """The first ``num_images`` of this rank's val shard. The epoch is read to its end
-        (decoding is cheap next to the model): a half-consumed streaming split would stall the
-        other ranks' next epoch."""
+        """This rank's slice of the first ``eval_num_images`` validation rows. The driver limits
+        the val dataset to those rows and does not split it: every rank reads them all, in order,
+        and keeps its own ``num_images`` (the same images at every evaluation)."""
         if not self.has_val:
             return []
-        shard = ray.train.get_dataset_shard("val")
         batches = iterate_batches(
-            shard, batch_size=batch_size, config=self.config.data, rank=self.rank, train=False
+            ray.train.get_dataset_shard("val"),
+            batch_size=batch_size,
+            config=self.config.data,
+            rank=self.rank,
+            train=False,
         )
-        out, seen = [], 0
-        for _, batch in batches:
-            if seen >= num_images:
-                continue
-            x = batch["x"][: num_images - seen].to(self.device)
-            cond = {"y": batch["y"][: x.shape[0]].to(self.device)} if "y" in batch else {}
-            out.append((x, cond))
-            seen += x.shape[0]
-        return out
+        return [
+            (x.to(self.device), {k: v.to(self.device) for k, v in cond.items()})
+            for x, cond in rank_slice(
+                (batch for _, batch in batches), rank=self.rank, rows_per_rank=num_images
+            )
+        ]
 
     def all_reduce_sum(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.world_size == 1:

@@ -84,15 +84,6 @@ def check_run(
         class_cond=config.model.class_cond,
         num_classes=config.model.num_classes,
     )
-    val = config.data.val_split
-    if val and val in manifest.splits and manifest.splits[val].num_rows < workers:
-        # Validation shards the split over the workers; an empty shard would end the run at its
-        # last step, after all the training, before the final checkpoint.
-        raise UserInputError(
-            f"data.val_split={val!r} has {manifest.splits[val].num_rows} images, fewer than the "
-            f"{workers} workers it is split over: prepare a larger val split (raydiff prepare "
-            f"--val-count N), train on fewer workers, or set data.val_split='' to skip validation"
-        )
     init = config.train.init_checkpoint
     if init and not Path(init).is_file():
         raise FileNotFoundError(f"train.init_checkpoint={init!r} does not exist")

@@ -127,6 +127,23 @@ def bound_terms(
     return {"vb_sum": vb_sum, "mse_sum": mse_sum, "prior": diffusion._prior_bpd(x_start).float()}
 
 
+def rank_slice(
+    batches: Iterable[dict[str, torch.Tensor]], *, rank: int, rows_per_rank: int
+) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+    """Rows ``[rank * rows_per_rank, (rank + 1) * rows_per_rank)`` of ``batches`` (dicts with
+    ``x`` and, class-conditional, ``y``) as ``(x, cond)``: every rank reads the same rows in the
+    same order and keeps its own slice, so the images evaluated are the same for any worker count.
+    Every batch is consumed (a reader stopped early would leave its pipeline running)."""
+    start, stop = rank * rows_per_rank, (rank + 1) * rows_per_rank
+    seen = 0
+    for batch in batches:
+        size = batch["x"].shape[0]
+        lo, hi = max(start - seen, 0), min(stop - seen, size)
+        seen += size
+        if lo < hi:
+            yield batch["x"][lo:hi], ({"y": batch["y"][lo:hi]} if "y" in batch else {})
+
+
 def estimate_bpd(
     *,
     diffusion: GaussianDiffusion,

@@ -46,8 +46,7 @@ def tiny_config(data_dir: Path, **overrides: object) -> dict:
         "scaling.cpus_per_worker=0.5",
         "scaling.sampler_refresh_interval=2",
         f"data.data_dir={data_dir}",
-        # No validation split unless a test asks for it ("data.val_split": "val"): its Ray Data
-        # split coordinator is one more process per run, seconds of CPU on this 2-core machine.
+        # No validation unless a test asks for it ("data.val_split": "val"): fewer model calls.
         "data.val_split=",
     ]
     base += [f"{k}={v}" for k, v in overrides.items()]

@@ -228,15 +228,6 @@ def test_resume_into_a_folder_that_holds_a_run_is_refused(dataset, tmp_path):
         check_resume_target(tmp_path / "old", ckpt)
 
 
-def test_a_val_split_smaller_than_the_worker_count_is_refused(dataset):
-    # The fixture's val split has 4 images (10% of 40): 4 workers get one each, 8 would leave 4
-    # with an empty shard and end the run at its last step, after all the training.
-    check_run(config(dataset, "train.batch_size=16", "scaling.num_workers=4"))
-    with pytest.raises(ValueError, match=r"data.val_split='val' has 4 images, fewer than the 8"):
-        check_run(config(dataset, "train.batch_size=16", "scaling.num_workers=8"))
-    check_run(config(dataset, "train.batch_size=16", "scaling.num_workers=8", "data.val_split="))
-
-
 def test_a_batch_the_workers_cannot_split_is_refused_before_preparing_data(
     tmp_path, monkeypatch, capsys
 ):

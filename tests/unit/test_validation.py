@@ -4,7 +4,7 @@ import torch
 
 from raydiff.config import DiffusionConfig
 from raydiff.factory import create_gaussian_diffusion
-from raydiff.train.validation import estimate_bpd, stratified_timesteps
+from raydiff.train.validation import estimate_bpd, rank_slice, stratified_timesteps
 
 
 def model(x, t, **kwargs):
@@ -101,3 +101,18 @@ def test_one_large_term_no_longer_decides_the_estimate():
     estimates = torch.tensor(estimates)
     assert abs(estimates.mean() - exact) < 0.05 * exact  # unbiased
     assert estimates.std() < 0.1 * exact
+
+
+def test_each_rank_evaluates_its_slice_of_the_same_rows() -> None:
+    # 10 rows in batches of 4, 3 per rank: rank 1 takes rows 3-5 across a batch edge, rank 3
+    # the last row, rank 4 nothing; the union over ranks is the first rows, in order.
+    x = torch.arange(10).float().reshape(10, 1)
+    y = torch.arange(10) + 100
+    batches = [{"x": x[i : i + 4], "y": y[i : i + 4]} for i in range(0, 10, 4)]
+    slices = [list(rank_slice(batches, rank=r, rows_per_rank=3)) for r in range(5)]
+    rows = [torch.cat([part for part, _ in s]).flatten().tolist() if s else [] for s in slices]
+    assert rows == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9], []]
+    labels = torch.cat([cond["y"] for _, cond in slices[1]]).tolist()
+    assert labels == [103, 104, 105]
+    unconditional = [{"x": b["x"]} for b in batches]
+    assert all(cond == {} for _, cond in rank_slice(unconditional, rank=0, rows_per_rank=5))
