@@ -19,12 +19,12 @@ sweep:
 # step stops the run, so a broken unit test fails in seconds. pytest exits 5 when a tier selects
 # no test (e.g. PYTEST_ARGS=-k that matches only in another tier): that tier counts as passed,
 # but a run where no tier selected anything fails with 5 (a mistyped -k must not pass). Each tier
-# lists its 10 slowest tests: where CI's time goes.
+# lists its 25 slowest tests: where CI's time goes.
 test:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m ruff check . && \
 	ran=0 && for tier in unit integration slow; do \
 	  echo "== pytest -m $$tier"; \
-	  "$$py" -m pytest -m $$tier --durations=10 $(PYTEST_ARGS); rc=$$?; \
+	  "$$py" -m pytest -m $$tier --durations=25 $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 0 ]; then ran=1; elif [ $$rc -ne 5 ]; then exit $$rc; fi; \
 	done && \
 	if [ $$ran -eq 0 ]; then echo "make test: no tier selected any test" >&2; exit 5; fi

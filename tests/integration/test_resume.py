@@ -47,7 +47,7 @@ def config(data_dir: Path, max_steps: int) -> ExperimentConfig:
             "scaling.num_workers=1",
             "scaling.cpus_per_worker=0.5",
             f"data.data_dir={data_dir}",
-            "data.val_split=",  # validation is not what this checks: no val split coordinator
+            "data.val_split=",  # validation is not what this checks
         ],
     )
 

@@ -166,8 +166,7 @@ def test_an_interrupted_sweep_resumes_without_rerunning_finished_trials(
     sweep = write_sweep(
         tmp_path,
         base=str(base),
-        # No validation split (its Ray Data coordinator is one more process per trial): the
-        # objective is the training loss.
+        # No validation (what this checks is resume): the objective is the training loss.
         set={"max_steps": 12, "data.val_split": ""},
         search_space={"lr": {"grid": [1e-3, 2e-3]}},
         metric="loss",
