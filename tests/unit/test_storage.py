@@ -228,12 +228,14 @@ def test_a_single_process_run_writes_to_and_resumes_from_a_uri(memory, tmp_path)
     assert run(6, memory)["step"] == 6
     assert read_progress(latest_checkpoint(memory))["step"] == 6
     events_dir = download(memory / "tensorboard", tmp_path / "tensorboard")
-    files = sorted(events_dir.iterdir(), key=lambda f: f.name.split(".")[3])
-    steps = []
-    for file in files:
+    writers = []
+    for file in events_dir.iterdir():
         events = EventAccumulator(str(file), size_guidance={"scalars": 0})
         events.Reload()
-        steps.append([e.step for e in events.Scalars("train/loss_step")])
+        # In the order the writers started (file names carry whole seconds only: both runs
+        # can start within one).
+        writers.append((events.FirstEventTimestamp(), events.Scalars("train/loss_step")))
+    steps = [[e.step for e in scalars] for _, scalars in sorted(writers, key=lambda w: w[0])]
     assert steps == [[1, 2, 3, 4], [5, 6]]  # the second run continued at step 5
 
 
