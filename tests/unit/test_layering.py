@@ -3,36 +3,57 @@
 Each check runs in a fresh interpreter, so modules imported by other tests cannot hide a leak.
 """
 
+import functools
 import json
 import subprocess
 import sys
 
 
-def loaded_after(statement: str, watched: tuple[str, ...]) -> list[str]:
-    """The ``watched`` modules (or their submodules) that ``statement`` loads."""
-    code = (
-        f"import json, sys; {statement}; "
-        f"print(json.dumps(sorted({{m.split('.')[0] if not m.startswith('raydiff') else m "
-        f"for m in sys.modules for w in {watched!r} if m == w or m.startswith(w + '.')}})))"
-    )
+def loaded_after(*steps: tuple[str, tuple[str, ...]]) -> list[list[str]]:
+    """For each ``(statement, watched)`` in turn, in one fresh interpreter: the ``watched``
+    modules (or their submodules) loaded once ``statement`` (and the steps before it) ran."""
+    code = "import json, sys\n"
+    for statement, watched in steps:
+        code += (
+            f"{statement}\n"
+            f"print(json.dumps(sorted({{m.split('.')[0] if not m.startswith('raydiff') else m "
+            f"for m in sys.modules for w in {watched!r} if m == w or m.startswith(w + '.')}})))\n"
+        )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in out.stdout.strip().splitlines()[-len(steps) :]]
+
+
+BELOW_THE_RAY_LAYER = (
+    "raydiff.config, raydiff.config_doc, raydiff.data, raydiff.train.loop, raydiff.train.local, "
+    "raydiff.cli, raydiff.evaluate.bpd, raydiff.evaluate.fid, raydiff.sample.classifier"
+)
+
+
+@functools.cache
+def layers() -> tuple[list[str], list[str]]:
+    """One interpreter (an import of torch costs seconds): what the core loads, then what
+    everything below the Ray layer loads on top of it."""
+    core, below = loaded_after(
+        (
+            "import raydiff.core",
+            ("ray", "pyarrow", "PIL", "raydiff.config", "raydiff.data", "raydiff.train"),
+        ),
+        (f"import {BELOW_THE_RAY_LAYER}", ("ray",)),
+    )
+    return core, below
 
 
 def test_the_core_loads_no_ray_data_or_config() -> None:
-    watched = ("ray", "pyarrow", "PIL", "raydiff.config", "raydiff.data", "raydiff.train")
-    assert loaded_after("import raydiff.core", watched) == []
+    assert layers()[0] == []
 
 
 def test_everything_below_the_ray_layer_loads_no_ray() -> None:
-    below = (
-        "raydiff.config, raydiff.config_doc, raydiff.data, raydiff.train.loop, "
-        "raydiff.train.local, raydiff.cli, raydiff.evaluate.bpd, raydiff.evaluate.fid, "
-        "raydiff.sample.classifier"
-    )
-    assert loaded_after(f"import {below}", ("ray",)) == []
+    assert layers()[1] == []
 
 
 def test_the_check_sees_a_leak() -> None:
-    """The helper itself finds a module that is loaded (so the checks above can fail)."""
-    assert loaded_after("import json, raydiff.config", ("raydiff.config",)) == ["raydiff.config"]
+    """The helper itself finds a module that is loaded (so the checks above can fail), also in
+    a later step."""
+    assert loaded_after(
+        ("import json", ("raydiff.config",)), ("import raydiff.config", ("raydiff.config",))
+    ) == [[], ["raydiff.config"]]

@@ -115,42 +115,38 @@ def test_unknown_schedule_from_the_command_line(capsys):
     assert "diffusion.noise_schedule='quadratic'" in capsys.readouterr().err
 
 
-def test_the_job_refuses_before_importing_ray(dataset, tmp_path):
-    """run_training_job validates first: no Ray import, no cluster, no worker."""
+def test_refusals_and_finished_runs_return_without_ray(dataset, tmp_path):
+    """run_training_job validates first (a bad batch split: no Ray import, no cluster, no run
+    folder), and re-running a run that reached train.max_steps trains and starts nothing.
+    Both in one fresh interpreter (each costs a torch import)."""
     bad = to_dict(config(dataset, "train.batch_size=10", "scaling.num_workers=3"))
+    finished = tmp_path / "finished"
+    finished_checkpoint(finished / "checkpoint_000008", step=8)
+    done = to_dict(config(dataset, "train.max_steps=8"))
     code = (
         "import sys, json; from raydiff.orchestrate.trainer import run_training_job\n"
         "from raydiff.config import ExperimentConfig, from_dict\n"
-        f"cfg = from_dict(ExperimentConfig, json.loads({json.dumps(json.dumps(bad))}))\n"
+        "def no_ray():\n"
+        "    return not any(m == 'ray' or m.startswith('ray.') for m in sys.modules)\n"
+        f"bad = from_dict(ExperimentConfig, json.loads({json.dumps(json.dumps(bad))}))\n"
         "try:\n"
-        f"    run_training_job(cfg, output_dir={str(tmp_path / 'run')!r})\n"
+        f"    run_training_job(bad, output_dir={str(tmp_path / 'run')!r})\n"
         "except ValueError as e:\n"
         "    assert 'train.batch_size' in str(e), e\n"
-        "    assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules)\n"
+        "    assert no_ray()\n"
         "    print('refused')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "refused" in out.stdout
-    assert not (tmp_path / "run").exists()
-
-
-def test_a_finished_run_returns_at_once_without_ray(dataset, tmp_path):
-    """Re-running a run that reached train.max_steps trains nothing and starts nothing."""
-    out = tmp_path / "run"
-    finished_checkpoint(out / "checkpoint_000008", step=8)
-    cfg = to_dict(config(dataset, "train.max_steps=8"))
-    code = (
-        "import sys, json; from raydiff.orchestrate.trainer import run_training_job\n"
-        "from raydiff.config import ExperimentConfig, from_dict\n"
-        f"cfg = from_dict(ExperimentConfig, json.loads({json.dumps(json.dumps(cfg))}))\n"
-        f"result = run_training_job(cfg, output_dir={str(out)!r})\n"
-        "assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules)\n"
+        f"done = from_dict(ExperimentConfig, json.loads({json.dumps(json.dumps(done))}))\n"
+        f"result = run_training_job(done, output_dir={str(finished)!r})\n"
+        "assert no_ray()\n"
         "print(json.dumps(result))\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    lines = run.stdout.strip().splitlines()
+    assert "refused" in lines
+    assert not (tmp_path / "run").exists()
+    result = json.loads(lines[-1])
     assert result["step"] == 8
-    assert result["checkpoint"] == str(out / "checkpoint_000008")
+    assert result["checkpoint"] == str(finished / "checkpoint_000008")
     assert "nothing to train" in run.stderr and "--max-steps" in run.stderr
 
 
