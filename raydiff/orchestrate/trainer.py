@@ -13,14 +13,18 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raydiff.config import ExperimentConfig
+from raydiff.data.config import DataConfig
 from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError
 from raydiff.storage import RemotePath, resolve_location
 from raydiff.train.preflight import StartPoint, plan_start
 from raydiff.train.run_lock import run_lock
+
+if TYPE_CHECKING:
+    import ray.train
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +142,19 @@ def sampler_actor_key(run_dir: Path | RemotePath) -> str:
     return f"{run_dir.name}-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]}"
 
 
+def dataset_config(data: DataConfig) -> ray.train.DataConfig:
+    """How Ray Train hands a run's datasets to its workers: ``train`` streaming-split into equal
+    shards, ``val`` (the first ``eval_num_images`` rows) whole to every worker, both with the
+    run's execution options (without them Train drops ``preserve_order``)."""
+    import ray.train
+
+    from raydiff.data.pipeline import execution_options
+
+    return ray.train.DataConfig(
+        datasets_to_split=["train"], execution_options=execution_options(data)
+    )
+
+
 def run_training_job(
     config: ExperimentConfig,
     *,
@@ -211,7 +228,7 @@ def _train_on_ray(
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from raydiff.data.pipeline import build_datasets, execution_options
+    from raydiff.data.pipeline import build_datasets
     from raydiff.orchestrate.console import train_log_level
     from raydiff.orchestrate.sampler_actor import get_or_create_actor, kill_actor
     from raydiff.orchestrate.worker import train_loop_per_worker
@@ -293,10 +310,7 @@ def _train_on_ray(
             callbacks=callbacks,
         ),
         datasets=datasets,
-        dataset_config=ray.train.DataConfig(
-            datasets_to_split=["train"],
-            execution_options=execution_options(config.data),
-        ),
+        dataset_config=dataset_config(config.data),
     )
     try:
         result = trainer.fit()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,3 +96,16 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> TinyDataset:
         )
     )
     return tiny
+
+
+@pytest.fixture(scope="session")
+def two_worker_run(
+    ray_cluster: None, tiny_dataset: TinyDataset, tmp_path_factory: pytest.TempPathFactory
+):
+    """One short 2-worker training run (test_training.two_worker_run_in) shared by the tests that
+    check what it leaves: its files (test_training.py) and its Prometheus gauges
+    (test_metrics.py). Its folder name, the run's metrics tag, is unique to this session."""
+    from test_training import two_worker_run_in
+
+    out = tmp_path_factory.mktemp("two_workers") / f"run-{uuid.uuid4().hex[:8]}"
+    return two_worker_run_in(out, tiny_dataset.path)

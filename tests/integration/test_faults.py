@@ -19,8 +19,9 @@ a node with 0 CPUs is added, that only the actor is placed on.
 
 A driver start costs ~35-40 s here (Ray Train's worker group start is most of it), so runs are
 shared where a fault allows, through module fixtures, still one test per fault: the Ctrl-C test's
-second driver is the run whose actor node dies (``interrupted_run``), and the truncated-checkpoint
-test continues a copy of the run the two contending drivers left (``contested_run``).
+second driver is the run whose actor node dies (``interrupted_run``); a copy of the run the two
+contending drivers left (``contested_run``) is continued past a truncated checkpoint and then
+runs out of restarts (``truncated_then_out_of_restarts``).
 
 Each test prints what it injected and what recovery it measured; the figures (steps redone,
 recovery time) are collected in a table printed at the end (``-s``) and appended as JSON lines to
@@ -646,6 +647,9 @@ def test_a_removed_node_with_a_training_worker(fault_cluster, tiny_dataset, tmp_
     assert assert_checkpoints_intact(out) == list(
         range(SAVE_INTERVAL, max_steps + 1, SAVE_INTERVAL)
     )
+    # The loss history went back to the resumed checkpoint's, then grew: one entry per trained
+    # sample (history lost in the restart would count fewer, a stale actor's more).
+    assert recorded_losses(out / f"checkpoint_{max_steps:06d}") == max_steps * GLOBAL_BATCH
     new_workers = {fault_cluster.node_of(s.pid) for s in after} - {None}
     assert all(n.node_id != node.node_id for n in new_workers)
     recovery_s = measured.first_step_after.time - injected
@@ -919,38 +923,82 @@ def test_two_drivers_into_one_run_folder(contested_run):
     report({"fault": "two drivers, one --output", "refused_after_s": round(refused_s, 1)})
 
 
-def test_a_truncated_checkpoint_is_never_resumed_from(
-    fault_cluster, tiny_dataset, contested_run, tmp_path
-):
-    """The newest checkpoint was cut short on disk (a copy interrupted by a crash leaves the
-    folder and its file list, with a short file): running the driver again resumes from the
-    checkpoint before it, with a warning naming the one it skipped."""
+@dataclass(frozen=True)
+class TruncatedThenOutOfRestarts:
+    out: Path
+    driver: Driver
+    code: int
+    truncated: Path  # the model.pt cut short
+    size: int  # its size before
+    killed: list[tuple[int, int]]  # (pid, the last step logged) of each killed worker
+
+
+@pytest.fixture(scope="module")
+def truncated_then_out_of_restarts(
+    fault_cluster, tiny_dataset, contested_run, tmp_path_factory
+) -> TruncatedThenOutOfRestarts:
+    """A copy of the contested run (checkpoints 4 and 8) whose newest checkpoint is cut short on
+    disk, run again with ``train.max_steps=40 scaling.max_failures=1``: the driver resumes past
+    the truncated checkpoint and trains on; once it has written checkpoint 8 again, a training
+    worker is killed (the group restarts from 8), then again (out of restarts). Two faults, one
+    driver start: the truncated-checkpoint test checks the resume, the out-of-restarts test the end.
+    """
     fault_cluster.shape(NODE_CPUS, NODE_CPUS)
-    out = tmp_path / "truncated"
+    out = tmp_path_factory.mktemp("truncated") / "again"
     shutil.copytree(contested_run.out, out)  # a finished run: checkpoints 4 and 8
-    newest = out / "checkpoint_000008"
-    model = newest / "model.pt"
+    model = out / "checkpoint_000008" / "model.pt"
     size = model.stat().st_size
     os.truncate(model, size // 2)
-    with driver(fault_cluster, tiny_dataset.path, out, "train.max_steps=12", name="again") as run:
+    killed: list[tuple[int, int]] = []
+    with driver(
+        fault_cluster,
+        tiny_dataset.path,
+        out,
+        "train.max_steps=40",
+        "scaling.max_failures=1",
+        name="again",
+    ) as run:
+        run.wait_for_step(2 * SAVE_INTERVAL + 1, after_checkpoint=2 * SAVE_INTERVAL)
+        for _ in range(2):
+            rank0, victim = current_group(fault_cluster, run)
+            os.kill(victim, signal.SIGKILL)
+            killed.append((victim, run.steps()[-1].step))
+            if len(killed) == 1:  # the restarted group trains a step, then loses a worker again
+                run.wait_for(
+                    lambda rank0=rank0: any(s.pid != rank0 for s in run.steps()),
+                    "the restarted worker group's first step",
+                )
         code = run.finish()
-        text = run.text()
-    assert code == 0, text[-4000:]
+    return TruncatedThenOutOfRestarts(
+        out=out, driver=run, code=code, truncated=model, size=size, killed=killed
+    )
+
+
+def test_a_truncated_checkpoint_is_never_resumed_from(truncated_then_out_of_restarts):
+    """The newest checkpoint was cut short on disk (a copy interrupted by a crash leaves the
+    folder and its file list, with a short file): running the driver again resumes from the
+    checkpoint before it, with a warning naming the one it skipped, and writes it again."""
+    run = truncated_then_out_of_restarts
+    out, text, size = run.out, run.driver.text(), run.size
+    newest = run.truncated.parent
     assert (
         f"skipping {newest}: not a complete checkpoint (model.pt has {size // 2} bytes, "
         f"files.json says {size})" in text
     ), text[-4000:]
-    resumed = {Path(m["path"]) for m in RESUMED.finditer(text)}
-    assert resumed == {out / "checkpoint_000004"}, (resumed, text[-4000:])
-    assert tensorboard_starts(out)[-1] == 5
+    # The first worker group resumed from checkpoint 4; only the restarted one (after the
+    # kill, once checkpoint 8 had been written again, complete) from checkpoint 8.
+    resumed = [Path(m["path"]) for m in RESUMED.finditer(text)]
+    assert resumed[0] == out / "checkpoint_000004", (resumed, text[-4000:])
+    assert set(resumed[1:]) <= {newest}, resumed
+    assert tensorboard_starts(out)[1] == 5  # [1] is the first writer of this driver
     # Steps 5-8 were trained again and checkpoint_000008 written again, complete.
-    assert assert_checkpoints_intact(out) == [4, 8, 12]
-    first = min(run.steps(), key=lambda s: s.time)
-    restart_s = first.time - run.started
+    assert assert_checkpoints_intact(out)[:2] == [4, 8]
+    first = min(run.driver.steps(), key=lambda s: s.time)
+    restart_s = first.time - run.driver.started
     print(
-        f"\ntruncated {model.relative_to(out)} to {size // 2} of {size} bytes; the driver skipped "
-        f"it and resumed from checkpoint_000004; finished at step 12; steps redone: 4; driver "
-        f"start to first step: {restart_s:.1f} s"
+        f"\ntruncated {run.truncated.relative_to(out)} to {size // 2} of {size} bytes; the "
+        f"driver skipped it and resumed from checkpoint_000004; steps redone: 4; driver start "
+        f"to first step: {restart_s:.1f} s"
     )
     report(
         {
@@ -962,30 +1010,14 @@ def test_a_truncated_checkpoint_is_never_resumed_from(
     )
 
 
-def test_a_run_out_of_restarts_stops_with_a_clear_message(fault_cluster, tiny_dataset, tmp_path):
+def test_a_run_out_of_restarts_stops_with_a_clear_message(truncated_then_out_of_restarts):
     """With scaling.max_failures=1, a training worker killed twice ends the run: the driver
     says the run failed after 1 restart, names its last complete checkpoint and how to continue
     (exit code 3, no traceback), and every complete checkpoint loads."""
-    fault_cluster.shape(NODE_CPUS, NODE_CPUS)
-    out = tmp_path / "out-of-restarts"
-    with driver(
-        fault_cluster, tiny_dataset.path, out, "train.max_steps=40", "scaling.max_failures=1"
-    ) as run:
-        run.wait_for_step(SAVE_INTERVAL + 1, after_checkpoint=SAVE_INTERVAL)
-        killed = []
-        for _ in range(2):
-            rank0, victim = current_group(fault_cluster, run)
-            os.kill(victim, signal.SIGKILL)
-            killed.append((victim, run.steps()[-1].step))
-            if len(killed) == 1:  # the restarted group trains a step, then loses a worker again
-                run.wait_for(
-                    lambda rank0=rank0: any(s.pid != rank0 for s in run.steps()),
-                    "the restarted worker group's first step",
-                )
-        code = run.finish()
-        text = run.text()
     from raydiff.train.checkpoint import latest_checkpoint
 
+    run = truncated_then_out_of_restarts
+    out, code, text = run.out, run.code, run.driver.text()
     last = latest_checkpoint(out)
     assert last is not None
     error = console_line(text, "raydiff train: error:")
@@ -1001,7 +1033,7 @@ def test_a_run_out_of_restarts_stops_with_a_clear_message(fault_cluster, tiny_da
     assert not [line for line in text.splitlines() if line.startswith("Traceback")], text[-4000:]
     complete = assert_checkpoints_intact(out)
     print(
-        f"\nkilled a training worker at steps {[step for _, step in killed]} with "
+        f"\nkilled a training worker at steps {[step for _, step in run.killed]} with "
         f"max_failures=1; the driver exited {code} naming {last.name} (checkpoints left: "
         f"{complete}):\n{error}"
     )

@@ -46,8 +46,7 @@ TINY_RUN = [
     "train.max_steps=4",
     "train.log_interval=2",
     "train.save_interval=4",
-    # No validation split: one Ray Data pipeline and split coordinator less to start (a few
-    # seconds); the job's plumbing is what this test checks, not the metrics.
+    # No validation: the job's plumbing is what this test checks, not the metrics.
     "data.val_split=",
     "train.sample_count=4",
     "train.sample_steps=2",

@@ -1,8 +1,10 @@
 """A Ray run's training metrics reach the node's Prometheus endpoint (the dashboard's Metrics view).
 
-One short one-worker run on the shared cluster, then the local node's metrics export port is
-scraped until raydiff's gauges for this run appear (Ray's metrics agent exports every few
-seconds; a gauge keeps its value after the worker exits).
+The session's short 2-worker run (the ``two_worker_run`` fixture, shared with test_training.py);
+right after it the local node's metrics export port is scraped (:func:`run_metrics`) until
+raydiff's gauges for that run appear. Ray's metrics agent exports every few seconds; a finished
+run's gauges stay for a while after its workers exit, not for the rest of the session. Rank 0
+alone exports: the figures are reduced over the workers.
 """
 
 from __future__ import annotations
@@ -10,44 +12,8 @@ from __future__ import annotations
 import re
 import time
 import urllib.request
-import uuid
-from pathlib import Path
-
-from raydiff.config import ExperimentConfig, apply_overrides
 
 SCRAPE_TIMEOUT_S = 30.0
-
-
-def config(data_dir: Path) -> ExperimentConfig:
-    return apply_overrides(
-        ExperimentConfig(),
-        [
-            "model.image_size=16",
-            "model.in_channels=1",
-            "model.num_channels=32",
-            "model.channel_mult=1,2",
-            "model.num_res_blocks=1",
-            "model.attention_resolutions=",
-            "diffusion.diffusion_steps=20",
-            "diffusion.noise_schedule=cosine",
-            "optim.ema_rate=0.9",
-            "train.batch_size=8",
-            "train.max_steps=4",
-            "train.log_interval=2",
-            "train.save_interval=4",
-            "train.eval_interval=4",
-            "train.eval_num_images=8",
-            "train.eval_timesteps=2",
-            "train.sample_interval=0",
-            "train.sample_count=4",
-            "train.sample_steps=2",
-            "train.schedule_sampler=loss-second-moment",
-            "scaling.num_workers=1",
-            "scaling.cpus_per_worker=0.5",
-            "scaling.sampler_refresh_interval=2",
-            f"data.data_dir={data_dir}",
-        ],
-    )
 
 
 def metrics_url() -> str:
@@ -78,20 +44,23 @@ def scrape(url: str, run: str, names: set[str]) -> dict[str, float]:
     return found
 
 
-def test_training_metrics_are_exported_to_prometheus_with_the_run_tag(
-    ray_cluster, tiny_dataset, tmp_path
-):
+def expected_metrics() -> set[str]:
     from raydiff.orchestrate.metrics import metric_names
-    from raydiff.orchestrate.trainer import run_training_job
 
-    run = f"metrics-{uuid.uuid4().hex[:8]}"  # this run's tag only, whatever ran before
-    result = run_training_job(config(tiny_dataset.path), output_dir=tmp_path / run)
-    assert result["step"] == 4
+    return {f"ray_{name}" for name in metric_names()} - {"ray_raydiff_vb"}  # no learned sigma
 
-    expected = {f"ray_{name}" for name in metric_names()} - {"ray_raydiff_vb"}  # no learned sigma
-    found = scrape(metrics_url(), run, expected)
+
+def run_metrics(run: str) -> dict[str, float]:
+    """raydiff's gauges of the run named ``run`` (its tag) on this node's endpoint."""
+    return scrape(metrics_url(), run, expected_metrics())
+
+
+def test_training_metrics_are_exported_to_prometheus_with_the_run_tag(two_worker_run):
+    result, found = two_worker_run.result, two_worker_run.metrics
+    assert result["step"] == 8
+    expected = expected_metrics()
     assert expected <= set(found), sorted(expected - set(found))
-    assert found["ray_raydiff_step"] == 4
+    assert found["ray_raydiff_step"] == 8
     assert found["ray_raydiff_loss"] == result["loss"]
     assert found["ray_raydiff_val_bpd"] == result["val_bpd"] > 0
     assert found["ray_raydiff_images_per_second"] > 0

@@ -1,16 +1,15 @@
 """Distributed training on the shared local Ray cluster: tiny model, tiny real shards.
 
 Covers the training issue's acceptance: a 2-worker run leaves checkpoints, TensorBoard events and
-a sample grid; a killed worker is replaced and the run resumes from its last checkpoint with the
-sampler history intact; --resume continues a run on a different number of workers.
+a sample grid; --resume continues a run on a different number of workers; a Ray run continues a
+single-process run. A killed worker or a removed node is the fault suite's (test_faults.py).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -64,12 +63,33 @@ def recorded_losses(checkpoint: Path) -> int:
     return int(state["trainer"]["sampler"]["loss_counts"].sum())
 
 
-def test_two_workers_write_checkpoints_events_and_samples(ray_cluster, tiny_dataset, tmp_path):
-    out = tmp_path / "run"
+@dataclass(frozen=True)
+class TwoWorkerRun:
+    out: Path
+    result: dict
+    process_titles: set[str]  # of this session's Ray processes, seen while the run ran
+    metrics: dict[str, float]  # its gauges on the node's Prometheus endpoint, right after it
+
+
+def two_worker_run_in(out: Path, data_dir: Path) -> TwoWorkerRun:
+    """The tiny model, 8 steps on 2 workers, validation every 4 steps and a sample grid every 3,
+    the loss-aware sampler; tests/integration/conftest.py's ``two_worker_run`` runs it once for
+    this module's checks and test_metrics.py's (a run costs ~30 s here)."""
+    import numpy as np
+    import ray
+
+    from raydiff.orchestrate.sampler_actor import get_or_create_actor
+    from raydiff.orchestrate.trainer import sampler_actor_key
+
+    # The loss-history actor is detached: one left by a killed driver (or by a worker group that
+    # failed before its first checkpoint) must not lend its losses to a run that starts afresh
+    # (test_two_workers_write_checkpoints_events_and_samples counts the losses).
+    stale = get_or_create_actor(sampler_actor_key(out.resolve()), num_timesteps=500)
+    ray.get(stale.record.remote(np.arange(40), np.ones(40)))
     with _RayProcessTitles() as titles:  # what ran, seen while it ran
         result = run(
             tiny_config(
-                tiny_dataset.path,
+                data_dir,
                 **{
                     "train.max_steps": 8,
                     "train.eval_interval": 4,
@@ -79,6 +99,15 @@ def test_two_workers_write_checkpoints_events_and_samples(ray_cluster, tiny_data
             ),
             out,
         )
+    from test_metrics import run_metrics
+
+    return TwoWorkerRun(
+        out=out, result=result, process_titles=titles.seen, metrics=run_metrics(out.name)
+    )
+
+
+def test_two_workers_write_checkpoints_events_and_samples(two_worker_run):
+    out, result = two_worker_run.out, two_worker_run.result
     assert result["step"] == 8
     assert result["val_bpd"] > 0 and result["val_mse"] > 0
     assert sorted(p.name for p in out.glob("checkpoint_0*")) == [
@@ -89,7 +118,7 @@ def test_two_workers_write_checkpoints_events_and_samples(ray_cluster, tiny_data
     assert final["trainer"]["step"] == 8
     assert set(final["ema"]) == {0.9, 0.5}
     assert final["config"]["scaling"]["num_workers"] == 2
-    # Every worker's (t, loss) reached the actor: 8 steps x global batch 8.
+    # Every worker's (t, loss) reached the actor, and nothing else: 8 steps x global batch 8.
     assert recorded_losses(out / "checkpoint_000008") == 8 * GLOBAL_BATCH
     # Every sample_interval step draws a grid, also between log steps, and the last step does.
     assert sorted(p.name for p in (out / "samples").iterdir()) == [
@@ -110,10 +139,10 @@ def test_two_workers_write_checkpoints_events_and_samples(ray_cluster, tiny_data
     assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6, 8]
 
     # A local instance (start_local_ray) runs no preemption watcher: nothing can preempt it.
-    seen = " ".join(titles.seen)
-    assert "ray::LossHistoryActor" in seen, titles.seen  # the monitor does see this run's actors
-    assert "ray::RayTrainWorker" in seen, titles.seen
-    assert "PreemptionWatcher" not in seen, titles.seen
+    seen = " ".join(two_worker_run.process_titles)
+    assert "ray::LossHistoryActor" in seen, seen  # the monitor does see this run's actors
+    assert "ray::RayTrainWorker" in seen, seen
+    assert "PreemptionWatcher" not in seen, seen
 
 
 def _cluster_processes() -> dict[int, str]:
@@ -168,23 +197,6 @@ class _RayProcessTitles:
         self._thread.join()
 
 
-def _train_worker_pids(run_name: str) -> list[int]:
-    """PIDs of this run's Ray Train workers: processes of this session's Ray instance titled
-    ``ray::RayTrainWorker``, whose working directory Ray Train set to ``.../artifacts/RUN_NAME``
-    (its per-run working directory), so a concurrent run is never picked."""
-    pids = []
-    for pid, title in _cluster_processes().items():
-        if not title.startswith("ray::RayTrainWorker"):
-            continue
-        try:
-            cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
-        except OSError:
-            continue
-        if cwd.name == run_name and cwd.parent.name == "artifacts":
-            pids.append(pid)
-    return pids
-
-
 def tensorboard_starts(run_dir: Path) -> list[int]:
     """The first step of every TensorBoard event file in the run, oldest file first.
 
@@ -204,37 +216,6 @@ def tensorboard_starts(run_dir: Path) -> list[int]:
         )
         for f in files
     ]
-
-
-def test_a_killed_worker_resumes_from_the_last_checkpoint(ray_cluster, tiny_dataset, tmp_path):
-    out = tmp_path / "killed"
-    max_steps = 24
-    config = tiny_config(
-        tiny_dataset.path, **{"train.max_steps": max_steps, "scaling.max_failures": 2}
-    )
-    thread, outcome = _run_in_thread(config, out)
-    deadline = time.time() + 240
-    while not (out / "checkpoint_000012").exists() and time.time() < deadline and thread.is_alive():
-        time.sleep(0.2)
-    pids = _train_worker_pids(out.name)
-    assert len(pids) == 2, f"expected this run's 2 Ray Train worker processes, found {pids}"
-    os.kill(pids[-1], signal.SIGKILL)
-    thread.join(timeout=400)
-    assert not thread.is_alive(), "the run did not finish after the worker was killed"
-    assert "error" not in outcome, outcome.get("error")
-    assert outcome["result"]["step"] == max_steps
-    # The worker group was restarted and resumed from a checkpoint (not from step 0): the second
-    # attempt's TensorBoard writer starts at that checkpoint's step + 1.
-    starts = tensorboard_starts(out)
-    assert len(starts) == 2 and starts[0] == 1, f"not exactly one restart: {starts}"
-    resumed_step = starts[1] - 1
-    # A checkpoint of this run: 12, or 8 when 12 was not committed yet (see ray-notes.md).
-    assert resumed_step in (8, 12), starts
-    final = out / f"checkpoint_{max_steps:06d}"
-    assert load_checkpoint(final)["trainer"]["step"] == max_steps
-    # History restored from the checkpoint, then extended: exactly one entry per trained sample
-    # (lost history would count fewer, a stale actor more).
-    assert recorded_losses(final) == max_steps * GLOBAL_BATCH
 
 
 def test_resume_on_a_different_number_of_workers(ray_cluster, tiny_dataset, tmp_path):
@@ -264,40 +245,6 @@ def test_resume_on_a_different_number_of_workers(ray_cluster, tiny_dataset, tmp_
             assert not torch.equal(ema_end, state["model"]["out.2.weight"])
             assert not torch.equal(ema_start, ema_end)
         previous = checkpoint
-
-
-def _run_in_thread(config: dict, out: Path) -> tuple[threading.Thread, dict]:
-    outcome: dict = {}
-
-    def target() -> None:
-        try:
-            outcome["result"] = run(config, out)
-        except BaseException as error:  # surfaced by the caller
-            outcome["error"] = error
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, outcome
-
-
-def test_a_fresh_run_starts_with_an_empty_loss_history(ray_cluster, tiny_dataset, tmp_path):
-    """The actor is detached: one left by a killed driver (or by a worker group that failed
-    before its first checkpoint) must not lend its losses to a run that starts from scratch."""
-    import hashlib
-
-    import numpy as np
-
-    from raydiff.orchestrate.sampler_actor import get_or_create_actor
-
-    out = (tmp_path / "fresh").resolve()
-    stale = get_or_create_actor(
-        f"{out.name}-{hashlib.sha1(str(out).encode()).hexdigest()[:10]}", num_timesteps=500
-    )
-    import ray
-
-    ray.get(stale.record.remote(np.arange(40), np.ones(40)))  # a failed attempt's losses
-    run(tiny_config(tiny_dataset.path, **{"train.max_steps": 4}), out)
-    assert recorded_losses(out / "checkpoint_000004") == 4 * GLOBAL_BATCH
 
 
 def test_a_ray_run_continues_a_single_process_run_in_its_folder(
