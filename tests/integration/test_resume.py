@@ -1,8 +1,8 @@
 """A resumed Ray run continues exactly where the uninterrupted run of the same config stood.
 
-One Ray Train worker, the real Ray Data pipeline: the run stopped at step 40 (epoch 1, batch 4 of
-36) and continued from its checkpoint reaches the same per-step losses and the same final
-weights as the run that never stopped. That takes the weights, EMA, optimiser and sampler from the
+One Ray Train worker, the real Ray Data pipeline: a run started from the uninterrupted run's
+checkpoint of step 40 (epoch 1, batch 4 of 36; ``--resume``, into a folder of its own) reaches the
+same per-step losses and the same final weights as the run that never stopped. That takes the weights, EMA, optimiser and sampler from the
 checkpoint, the data position (epoch, batches already seen, that epoch's block order) from it
 too, the loss-aware sampler's history (its actor) and refresh schedule, and every random draw of
 a step from (seed, rank, step).
@@ -64,12 +64,13 @@ def test_a_resumed_one_worker_run_continues_the_data_order_and_the_losses(
     from raydiff.orchestrate.trainer import run_training_job
 
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    run_training_job(config(tiny_dataset.path, 48), output_dir=whole)
-    run_training_job(config(tiny_dataset.path, 40), output_dir=parts)
-    result = run_training_job(config(tiny_dataset.path, 48), output_dir=parts)
+    run_training_job(config(tiny_dataset.path, 48), output_dir=whole)  # checkpoints 40 and 48
+    result = run_training_job(
+        config(tiny_dataset.path, 48), output_dir=parts, resume=whole / "checkpoint_000040"
+    )
     assert result["step"] == 48 and result["epoch"] == 1
     expected, resumed = step_losses(whole), step_losses(parts)
-    assert sorted(resumed) == list(range(1, 49))
+    assert sorted(resumed) == list(range(41, 49))  # this run trained the last 8 steps only
     assert [resumed[s] for s in range(41, 49)] == [expected[s] for s in range(41, 49)]
     weights = torch.load(parts / "checkpoint_000048" / "trainer.pt", weights_only=True)
     weights = weights["sampler"]["weights"]

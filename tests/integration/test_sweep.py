@@ -227,14 +227,13 @@ def test_optuna_tpe_draws_trials_within_the_space(ray_cluster, tiny_dataset, tmp
         search_space={"lr": {"loguniform": [1e-4, 1e-2]}, "num_res_blocks": {"randint": [1, 3]}},
         metric="loss",
         search="optuna",
-        num_samples=2,
-        max_concurrent_trials=2,
+        num_samples=1,  # TPE's first draws are random ones anyway (n_startup_trials)
         scheduler={"name": "none"},
     )
     out = tmp_path / "sweep_out"
     start_sweep(load_sweep(sweep), output_dir=out)
     rows = read_results(out)
-    assert len(rows) == 2 and all(r["status"] == "finished" for r in rows)
-    # Optuna's trial ids are random: the numbers come from the sweep's own counter.
-    assert [r["trial"][:6] for r in rows] == ["t0000_", "t0001_"]
-    assert all(1e-4 <= float(r["lr"]) <= 1e-2 and r["num_res_blocks"] in ("1", "2") for r in rows)
+    assert len(rows) == 1 and rows[0]["status"] == "finished"
+    # Optuna's trial ids are random: the number comes from the sweep's own counter.
+    assert rows[0]["trial"].startswith("t0000_")
+    assert 1e-4 <= float(rows[0]["lr"]) <= 1e-2 and rows[0]["num_res_blocks"] in ("1", "2")
