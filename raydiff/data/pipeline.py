@@ -6,7 +6,7 @@ decoded rows in the object store (when they fit ``cache_max_bytes``) or streams 
 uint8 until the last step: a cache holds 4x more images than float32 would, and the object store
 moves 4x fewer bytes per epoch. The worker's collate function (in Ray's batch-formatting threads,
 off the training loop) flips and normalises to float32 ``[-1, 1]``.
-The returned datasets go to ``TorchTrainer(datasets=...)``, which gives every worker an equal
+The returned datasets go to the Ray Train trainer (``datasets=...``), which gives every worker an equal
 streaming shard (``streaming_split(world_size, equal=True)``).
 
 Worker side, ``iterate_batches`` turns a shard into an endless ``(epoch, batch)`` stream. Each
@@ -80,7 +80,7 @@ def build_datasets(
     epoch_offset: int = 0,
     cached: dict[str, ray.data.Dataset] | None = None,
 ) -> dict[str, ray.data.Dataset]:
-    """Datasets for ``TorchTrainer(datasets=...)``: ``{"train": ..., "val": ...}``.
+    """Datasets for the Ray Train trainer (``datasets=...``): ``{"train": ..., "val": ...}``.
 
     ``val`` is left out when ``config.val_split`` is empty or the dataset has no such split.
     Raises ValueError (before any worker starts) when the manifest does not match the config.

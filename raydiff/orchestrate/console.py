@@ -15,7 +15,7 @@ output as Ray makes it. Everything here uses Ray's own switches and files are ne
   and deprecation/future warnings raised inside Ray's own modules are ignored.
 
 Errors are untouched: a failing worker's traceback still comes back in the exception
-``TorchTrainer.fit()`` raises, and WARNING/ERROR records of Ray Train and Ray Data still print.
+the trainer's ``fit()`` raises, and WARNING/ERROR records of Ray Train and Ray Data still print.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from raydiff.orchestrate.trainer import (
     quiet_ray_console,
     run_training_job,
     sampler_actor_key,
+    start_run_state_actor,
 )
 from raydiff.storage import RemotePath, as_location, resolve_location, write_text_atomically
 from raydiff.sweep.results import (
@@ -68,6 +69,18 @@ TRIAL_FILE = "trial.json"
 
 TRIAL_DRIVER_CPUS = 0.1
 """CPUs reserved for a trial's own process (it only waits on its Ray Train run)."""
+
+
+def process_start_time() -> float | None:
+    """When this process was created (wall-clock seconds; None where ``/proc`` is not Linux's)."""
+    try:
+        # Field 22 of /proc/self/stat: the start time in clock ticks after boot (the fields
+        # after the parenthesised command name start at field 3); /proc/uptime: now, after boot.
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class EvaluationRelay(TuneReportCallback):
@@ -204,9 +217,11 @@ def _trainable(
         config = loaded.trial_config(params, trial_number=number_of_trial_dir(name))
         run_dir = trials_dir / name
         run_dir.mkdir(parents=True, exist_ok=True)
-        # Which trial this run is, and when it (last) started: bench/sweep_overhead.py reads it.
+        # Which trial this run is, and when it (last) started, its process and this function:
+        # bench/sweep_overhead.py reads them.
         info = {"trial_id": tune.get_context().get_trial_id(), "params": params}
-        (run_dir / TRIAL_FILE).write_text(json.dumps({**info, "started": time.time()}, indent=2))
+        started = {"process_started": process_start_time(), "started": time.time()}
+        (run_dir / TRIAL_FILE).write_text(json.dumps({**info, **started}, indent=2))
         run_training_job(
             config,
             output_dir=run_dir,
@@ -415,6 +430,7 @@ def _run(
         cpus_per_worker=scaling.cpus_per_worker + TRIAL_DRIVER_CPUS / scaling.num_workers,
     )
     quiet_ray_console()
+    start_run_state_actor()  # comes up while the datasets are decoded for the trials
     if not verbose():
         # Tune's newer console output prints its experiment box and paths even at verbose=0;
         # the older engine is silent at 0. raydiff prints its own lines and the table.

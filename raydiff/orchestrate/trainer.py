@@ -1,4 +1,4 @@
-"""The driver: check the run, build the datasets and run one ``TorchTrainer``.
+"""The driver: check the run, build the datasets and run one Ray Train run (PyTorch DDP workers).
 
 ``run_training_job(config, output_dir=...)`` returns the final metrics, so a Tune trial can call
 it once per trial.
@@ -93,6 +93,22 @@ def ensure_ray(
         context.dashboard_url or "-",
         context.address_info["session_dir"],
     )
+
+
+def start_run_state_actor() -> None:
+    """Start Ray Train's run-state actor (what the dashboard's Train page shows) if it is not up.
+
+    Ray Train starts it in the controller of the cluster's first run, and that controller waits
+    for the new process (2-3 s on 2 cores) before it starts its workers. Started by the driver
+    before it prepares its datasets, it comes up meanwhile. A no-op with state tracking off.
+    """
+    if os.environ.get("RAY_TRAIN_ENABLE_STATE_TRACKING") != "1":
+        return
+    try:
+        from ray.train.v2._internal.state.state_actor import get_or_create_state_actor
+    except ImportError:  # another Ray version: its controller starts the actor itself
+        return
+    get_or_create_state_actor()  # returns at once; a second call finds the same actor
 
 
 # Environment for a Ray instance this process starts itself (the raylet and every worker inherit
@@ -224,13 +240,15 @@ def _train_on_ray(
     """:func:`run_training_job` once its checks passed and it holds the run folder."""
     resumed_from, progress = start.checkpoint, start.progress
 
+    # No torch in this process (a sweep trial's, or the driver's): Ray Train's TorchTrainer is
+    # this trainer with ray.train.torch's TorchConfig, whose module imports torch.
     import ray
     import ray.train
-    from ray.train.torch import TorchTrainer
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     from raydiff.data.pipeline import build_datasets
     from raydiff.orchestrate.console import train_log_level
-    from raydiff.orchestrate.sampler_actor import get_or_create_actor, kill_actor
+    from raydiff.orchestrate.torch_backend import TorchRendezvous
     from raydiff.orchestrate.worker import train_loop_per_worker
 
     scaling = config.scaling
@@ -242,6 +260,7 @@ def _train_on_ray(
         extra_cpus=config.evaluation.cpus if evaluate else 0.0,
     )
     quiet_ray_console()
+    start_run_state_actor()
     callbacks = list(callbacks or [])
     evaluator = None
     if evaluate:
@@ -277,13 +296,15 @@ def _train_on_ray(
         datasets["val"] = datasets["val"].limit(config.train.eval_num_images)
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:
+        from raydiff.orchestrate.sampler_actor import get_or_create_actor
+
         get_or_create_actor(
             actor_key,
             num_timesteps=config.diffusion.diffusion_steps,
             run_dir=out,
             resume_checkpoint=resumed_from,
         )
-    trainer = TorchTrainer(
+    trainer = DataParallelTrainer(
         train_loop_per_worker,
         train_loop_config={
             "config": config,  # the typed config itself: it crosses to the workers once
@@ -296,6 +317,8 @@ def _train_on_ray(
             "resume": resumed_from,
             "datasets": sorted(datasets),
         },
+        # Ray's TorchConfig, minus torch in the controller (raydiff.orchestrate.torch_backend).
+        backend_config=TorchRendezvous(),
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=scaling.use_gpu,
@@ -330,6 +353,8 @@ def _train_on_ray(
         ) from error
     finally:
         if actor_needed:
+            from raydiff.orchestrate.sampler_actor import kill_actor
+
             kill_actor(actor_key)
         if evaluator is not None:
             ray.kill(evaluator)

@@ -1,44 +1,24 @@
 """``train_loop_per_worker``: the one training loop (``raydiff.train.loop``) on a Ray Train worker.
 
-Glue only. ``RayRuntime`` gives the loop this worker's rank, its Ray Data shards, DDP
-(``prepare_model``: DDP when world size > 1), gloo/NCCL collectives, the run's loss-history actor
-and ``ray.train.report`` (every rank reports at the same steps; only rank 0 attaches the
-checkpoint). Resume works on any number of workers: every rank loads the same checkpoint files
-itself, no collective is involved.
+This module imports no torch, on purpose: the driver (a sweep's trial too) pickles the function
+by reference, so importing this module is all it costs there, and on the worker the training
+split's shard is asked for before torch is imported (:func:`request_shard_early`), then the
+worker joins the run's process group (``raydiff.orchestrate.torch_backend``). The loop's runtime
+on a worker is :class:`raydiff.orchestrate.ray_runtime.RayRuntime`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import ray.train
-import ray.train.torch
-import torch
-import torch.distributed as dist
 
-from raydiff.config import ExperimentConfig
-from raydiff.core.gaussian_diffusion import GaussianDiffusion
-from raydiff.core.timestep_sampler import ScheduleSampler, UniformSampler
-from raydiff.data.pipeline import iterate_batches
-from raydiff.orchestrate.metrics import TrainingMetrics
-from raydiff.orchestrate.sampler_actor import ActorSyncedSampler
-from raydiff.storage import RemotePath, as_location, local_copy
-from raydiff.train.checkpoint import (
-    checkpoint_name,
-    latest_checkpoint,
-    write_checkpoint_files,
-)
-from raydiff.train.loop import run_loop
-from raydiff.train.runtime import Batch, CheckpointFiles, ValBatches
-from raydiff.train.trainer import DataPosition
-from raydiff.train.validation import rank_slice
+from raydiff.storage import as_location
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from raydiff.config import ExperimentConfig
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
@@ -50,6 +30,13 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     carry their filesystem) and ``datasets`` (the names of the datasets passed to Train).
     """
     config: ExperimentConfig = loop_config["config"]
+    if "train" in loop_config["datasets"]:
+        request_shard_early("train")
+    from raydiff.orchestrate.ray_runtime import RayRuntime  # torch: seconds to import
+    from raydiff.orchestrate.torch_backend import join_process_group
+    from raydiff.train.loop import run_loop
+
+    join_process_group(use_gpu=config.scaling.use_gpu)
     context = ray.train.get_context()
     runtime = RayRuntime(
         config,
@@ -64,147 +51,19 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     return run_loop(config, runtime=runtime, output_dir=runtime.output_dir)
 
 
-class RayRuntime:
-    """A Ray Train worker as the loop's :class:`raydiff.train.runtime.Runtime`."""
+def request_shard_early(name: str) -> None:
+    """Ask Ray Train for this worker's shard of dataset ``name`` in a background thread.
 
-    def __init__(
-        self,
-        config: ExperimentConfig,
-        *,
-        rank: int,
-        world_size: int,
-        actor_key: str,
-        output_dir: Path | RemotePath,
-        resume: Path | RemotePath | None,
-        has_val: bool,
-    ) -> None:
-        self.config = config
-        self.rank, self.world_size = rank, world_size
-        self.actor_key = actor_key
-        self.output_dir = output_dir
-        self.resume = resume
-        self.has_val = has_val
-        self.device = ray.train.torch.get_device()
-        self.sampler: ScheduleSampler | None = None
-        # The dashboard's / Prometheus' view of the run (Ray's metrics), tagged with the Ray Train
-        # run name; the figures are reduced over all workers already, so rank 0 alone exports.
-        self.metrics = TrainingMetrics(output_dir.name) if rank == 0 else None
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @contextlib.contextmanager
-    def resume_checkpoint(self) -> Iterator[Path | None]:
-        # The newest complete checkpoint in the run folder, else the one the driver chose at the
-        # start (--resume). Not ray.train.get_checkpoint(): that is the last checkpoint Ray
-        # Train recorded for the run (also one a driver started again on the folder inherits),
-        # which may be a partial copy that cannot load (a crash mid-copy, a damaged file), or
-        # older than a complete one it had not committed yet when the run failed or was stopped.
-        newest = latest_checkpoint(self.output_dir)
-        start = newest if newest is not None else self.resume
-        with local_copy(start) as path:  # under a URI: every worker downloads it
-            yield path
-
-    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        # The UNet has no buffers, so DDP's buffer syncing is moot.
-        return ray.train.torch.prepare_model(model)
-
-    def schedule_sampler(
-        self, diffusion: GaussianDiffusion, *, seed: int, fresh: bool
-    ) -> ScheduleSampler:
-        if self.config.train.schedule_sampler == "uniform":
-            self.sampler = UniformSampler(diffusion, seed=seed)
-            return self.sampler
-        sampler = ActorSyncedSampler(
-            diffusion,
-            run_name=self.actor_key,
-            rank=self.rank,
-            seed=seed,
-            refresh_interval=self.config.scaling.sampler_refresh_interval,
-            broadcast=_broadcast_from_rank0 if self.world_size > 1 else None,
-            # Where a restarted actor reloads its history from (the driver passes the same).
-            run_dir=self.output_dir,
-            resume_checkpoint=self.resume,
-        )
-        if fresh:
-            # The actor outlives a worker group that failed before its first checkpoint.
-            sampler.reset_history()
-        self.sampler = sampler
-        return sampler
-
-    def train_batches(
-        self, *, batch_size: int, position: DataPosition
-    ) -> Iterator[tuple[int, Batch]]:
-        # Every rank skips the batches of the resumed epoch the run already trained on (per-rank
-        # batches per epoch do not depend on the worker count: rows / global batch).
-        return iterate_batches(
-            ray.train.get_dataset_shard("train"),
-            batch_size=batch_size,
-            config=self.config.data,
-            epoch_start=position.epoch,
-            rank=self.rank,
-            skip_batches=position.batches,
-        )
-
-    def val_batches(self, *, num_images: int, batch_size: int) -> ValBatches:
-        """This rank's slice of the first ``eval_num_images`` validation rows. The driver limits
-        the val dataset to those rows and does not split it: every rank reads them all, in order,
-        and keeps its own ``num_images`` (the same images at every evaluation)."""
-        if not self.has_val:
-            return []
-        batches = iterate_batches(
-            ray.train.get_dataset_shard("val"),
-            batch_size=batch_size,
-            config=self.config.data,
-            rank=self.rank,
-            train=False,
-        )
-        return [
-            (x.to(self.device), {k: v.to(self.device) for k, v in cond.items()})
-            for x, cond in rank_slice(
-                (batch for _, batch in batches), rank=self.rank, rows_per_rank=num_images
-            )
-        ]
-
-    def all_reduce_sum(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if self.world_size == 1:
-            return values
-        # One collective for everything: flatten, reduce, split back.
-        keys = sorted(values)
-        flat = [values[k].double().reshape(-1).to(self.device) for k in keys]
-        packed = torch.cat(flat)
-        dist.all_reduce(packed)
-        sizes = [f.numel() for f in flat]
-        return dict(zip(keys, torch.split(packed.cpu(), sizes), strict=True))
-
-    def report(
-        self, metrics: dict[str, Any], *, step: int, checkpoint: CheckpointFiles | None
-    ) -> None:
-        if self.metrics is not None:
-            self.metrics.publish(metrics, sampler=self.sampler)
-        if checkpoint is None:
-            ray.train.report(metrics)
-            return
-        if isinstance(self.sampler, ActorSyncedSampler):
-            # Every rank's losses up to this step go into the history rank 0 checkpoints: each
-            # rank waits for its last record, then the barrier orders that before rank 0's read.
-            self.sampler.wait_for_records()
-            if self.world_size > 1:
-                dist.barrier()
-        with tempfile.TemporaryDirectory() as tmp:
-            saved = None
-            if self.is_main:
-                write_checkpoint_files(Path(tmp), **checkpoint())
-                saved = ray.train.Checkpoint.from_directory(tmp)
-            # Ray copies the folder into run storage (file by file, not atomically) before
-            # report returns; files.json, written last, tells a complete copy from a partial one
-            # (raydiff.train.checkpoint).
-            ray.train.report(metrics, checkpoint=saved, checkpoint_dir_name=checkpoint_name(step))
-
-
-def _broadcast_from_rank0(tensor: torch.Tensor) -> None:
-    dist.broadcast(tensor, src=0)
+    The first request of a streaming-split dataset makes Ray Data start the split's coordinator,
+    a new actor process (1.5-3 s here before its first batch); asked for at the start of the
+    train function, it comes up while this worker imports torch and builds the model instead
+    of after. Ray Train keeps the shard, so the loop's own ``get_dataset_shard`` call later gets
+    the same iterator (waiting for this request if it is still under way), and a failure shows
+    there, in the loop.
+    """
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raydiff-shard-{name}")
+    pool.submit(ray.train.get_dataset_shard, name)
+    pool.shutdown(wait=False)
 
 
 def _configure_logging(rank: int) -> None:

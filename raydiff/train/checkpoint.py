@@ -35,12 +35,13 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from raydiff.errors import UserInputError
 from raydiff.storage import RemotePath, as_location, upload
+
+if TYPE_CHECKING:
+    import torch
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d+)$")
 PROGRESS_FILE = "progress.json"
@@ -66,6 +67,8 @@ def write_checkpoint_files(
     config: dict[str, Any],
 ) -> None:
     """Write the checkpoint files into an existing (empty) ``directory``."""
+    import torch  # here, not at the top: the folder logic below is read where torch is not
+
     torch.save(model_state, directory / "model.pt")
     for rate, state in ema_states.items():
         torch.save(state, directory / f"ema_{rate}.pt")
@@ -174,6 +177,8 @@ def require_checkpoint_dir(directory: Path | RemotePath) -> Path | RemotePath:
 
 def load_checkpoint(directory: Path) -> dict[str, Any]:
     """Read a checkpoint directory: ``model``, ``ema`` {rate: state}, ``trainer``, ``config``."""
+    import torch
+
     directory = require_checkpoint_dir(directory)
     ema = {}
     for f in sorted(directory.glob("ema_*.pt")):
@@ -224,6 +229,8 @@ def load_model_weights(model: torch.nn.Module, path: str | Path) -> None:
     A mismatch means the config's model flags differ from the ones the weights were trained with;
     the error lists the first differing keys and shapes.
     """
+    import torch
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"train.init_checkpoint={str(path)!r} does not exist")

@@ -57,3 +57,20 @@ def test_the_check_sees_a_leak() -> None:
     assert loaded_after(
         ("import json", ("raydiff.config",)), ("import raydiff.config", ("raydiff.config",))
     ) == [[], ["raydiff.config"]]
+
+
+def test_what_a_runs_controller_and_a_sweep_trial_load_imports_no_torch() -> None:
+    """A run's Ray Train controller unpickles its backend config, its callbacks (a sweep's
+    relay) and the train function's config; the driver and a sweep trial pickle the train
+    function by reference. None of their modules may import torch: it costs each of those
+    processes seconds before the workers start (raydiff.orchestrate.torch_backend)."""
+    [loaded] = loaded_after(
+        (
+            "import raydiff.orchestrate.trainer, raydiff.orchestrate.worker, "
+            "raydiff.orchestrate.torch_backend, raydiff.orchestrate.sweep, "
+            "raydiff.train.checkpoint\n"
+            "from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer",
+            ("torch",),
+        )
+    )
+    assert loaded == []
