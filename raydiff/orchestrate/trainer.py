@@ -81,13 +81,15 @@ def ensure_ray(
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
     address = address or os.environ.get("RAY_ADDRESS") or "local"
     if address != "local":
-        ray.init(address=address, **ray_init_options())
+        ray.init(address=address, **ray_init_options(local=False))
         logger.info("connected to the Ray cluster at %s", address)
         return
     # Training workers must not take every CPU or Ray Data has none left to decode with, hence
     # the spare logical CPUs.
     needed = math.ceil(num_workers * cpus_per_worker + extra_cpus) + 2
-    context = start_local_ray(num_cpus=max(os.cpu_count() or 1, needed), **ray_init_options())
+    context = start_local_ray(
+        num_cpus=max(os.cpu_count() or 1, needed), **ray_init_options(local=True)
+    )
     logger.info(
         "started a local Ray instance (dashboard: http://%s; Ray's logs: %s/logs)",
         context.dashboard_url or "-",
@@ -137,15 +139,19 @@ def quiet_ray_console() -> None:
 
 
 def start_local_ray(*, num_cpus: int, **init_kwargs: Any) -> Any:
-    """Start a new local Ray instance with raydiff's local-instance environment.
+    """Start a new local Ray instance with raydiff's local-instance environment and its workers'
+    setup hook (``raydiff.orchestrate.console``).
 
-    Values already set in the environment win. ``init_kwargs`` go to ``ray.init``; returns its
-    ``RayContext``.
+    Values of ``LOCAL_INSTANCE_ENV`` already set in the environment win. ``init_kwargs`` go to
+    ``ray.init``; returns its ``RayContext``.
     """
     import ray
 
+    from raydiff.orchestrate.console import local_instance_environment
+
     for name, value in LOCAL_INSTANCE_ENV.items():
         os.environ.setdefault(name, value)
+    os.environ.update(local_instance_environment())
     return ray.init(address="local", num_cpus=num_cpus, **init_kwargs)
 
 
