@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError
+from ray.train._internal.utils import get_address_and_port
 from ray.train.backend import Backend, BackendConfig
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ class _Rendezvous(Backend):
     share_cuda_visible_devices = True
 
     def on_start(self, worker_group: Any, backend_config: TorchRendezvous) -> None:
-        address, port = worker_group.execute_single(0, _address_and_free_port)
+        # Rank 0's node address and a free port there (Ray's own torch backend's helper).
+        address, port = worker_group.execute_single(0, get_address_and_port)
         world_size = len(worker_group)
         ray.get(
             [
@@ -73,21 +75,13 @@ class _Rendezvous(Backend):
         refs = worker_group.execute_async(_leave_process_group)
         try:
             ray.get(refs, timeout=SHUTDOWN_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
+        except GetTimeoutError:
             logger.warning(
                 "the workers did not leave their process group in %.0f s", SHUTDOWN_TIMEOUT_S
             )
 
 
 # The functions below run on the training workers.
-
-
-def _address_and_free_port() -> tuple[str, int]:
-    address = ray.util.get_node_ip_address()
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return address, probe.getsockname()[1]
 
 
 def _publish_rendezvous(*, address: str, port: int, world_rank: int) -> None:

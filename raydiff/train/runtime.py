@@ -4,7 +4,7 @@
 
 * :class:`raydiff.train.local.LocalRuntime`: one process, in-memory data, no collectives,
   checkpoints written atomically into the run folder (``raydiff train --single-process``);
-* ``raydiff.orchestrate.worker.RayRuntime``: a Ray Train worker (DDP, Ray Data shard, the
+* ``raydiff.orchestrate.ray_runtime.RayRuntime``: a Ray Train worker (DDP, Ray Data shard, the
   loss-history actor, ``ray.train.report``).
 
 Contract for the loop: every rank calls :meth:`Runtime.report` at the same steps (on Ray it is a

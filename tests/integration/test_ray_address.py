@@ -1,7 +1,8 @@
-"""Which Ray cluster a run uses: the one it is given (--address, RAY_ADDRESS), else its own.
+"""Which Ray cluster a run uses: the one it is given (--address, RAY_ADDRESS), else its own; and
+the workers of a local instance look up that same cluster.
 
-``ray.init`` is replaced by a recorder: what is checked is the decision, not Ray's connection
-code, so these tests start no cluster.
+For the decision ``ray.init`` is replaced by a recorder: what is checked is the decision, not
+Ray's connection code. The last test runs on the shared local instance.
 """
 
 from __future__ import annotations
@@ -45,3 +46,17 @@ def test_without_an_address_a_local_instance_with_spare_cpus_starts(ray_init_cal
     monkeypatch.setattr(trainer, "start_local_ray", lambda **kw: started.append(kw) or context)
     trainer.ensure_ray(address=None, num_workers=4, cpus_per_worker=1.0)
     assert ray_init_calls == [] and started[0]["num_cpus"] >= 4 + 2  # room for Ray Data
+
+
+def test_the_workers_of_a_local_instance_run_the_setup_hook(ray_cluster):
+    """``start_local_ray`` hands its workers raydiff's setup hook through their environment (no
+    job runtime_env): it pins their cluster lookups to this instance (``pin_ray_address``)."""
+    import os
+
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def cluster_address() -> str | None:
+        return os.environ.get("RAY_ADDRESS")
+
+    assert ray.get(cluster_address.remote()) == ray.get_runtime_context().gcs_address

@@ -9,6 +9,7 @@ tested with the sweep on S3 (test_storage_s3.py).
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -106,6 +107,9 @@ def test_asha_stops_a_bad_trial_and_the_results_list_every_trial(
         # Every trial keeps its last checkpoint and its TensorBoard events.
         assert Path(row["checkpoint"]).is_dir()
         assert list((Path(row["run_dir"]) / "tensorboard").glob("events.out.tfevents.*"))
+        # When the trial's process and its function started (bench/sweep_overhead.py).
+        info = json.loads((Path(row["run_dir"]) / "trial.json").read_text())
+        assert 0 < info["started"] - info["process_started"] < 120
     stopped = [r for r in rows if r["status"] == "stopped early"]
     assert all(float(r["lr"]) == 1e-7 for r in stopped)
 
