@@ -38,6 +38,7 @@ from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.data.pipeline import cache_splits
 from raydiff.errors import UserInputError
 from raydiff.orchestrate.console import verbose
+from raydiff.orchestrate.local_instance import trial_actors_inherit_environment
 from raydiff.orchestrate.trainer import (
     absolute_uri,
     ensure_ray,
@@ -444,7 +445,8 @@ def _run(
         scaling.num_workers,
     )
     tuner = _tuner(loaded, out=out, manifest=manifest, concurrency=concurrency, restore=restore)
-    grid = tuner.fit()
+    with trial_actors_inherit_environment():  # on a local instance: no trial runtime_env
+        grid = tuner.fit()
     # After Ctrl-C Tune stops the running trials and marks them terminated in memory, as if
     # they had finished; the state it saved for --resume still says which had not.
     analysis = tune.ExperimentAnalysis(tune_path(out), storage_filesystem=storage_filesystem(out))

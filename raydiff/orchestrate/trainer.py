@@ -118,8 +118,13 @@ def start_run_state_actor() -> None:
 # preemption notices. A local instance lives and dies with this machine, so the watcher can never
 # fire; like every idle Ray Python process it still wakes up 100 times a second (Ray's
 # signal-check timer), taking ~0.6% of a core from training (measured on the 2-core CI VM).
-# Clusters started with `ray start` keep Ray's defaults.
-LOCAL_INSTANCE_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+# Clusters started with `ray start` keep Ray's defaults. Ray Train sets
+# RAY_WARN_BLOCKING_GET_INSIDE_ASYNC=0 in its controller's runtime_env, which a local instance's
+# controllers do without (raydiff.orchestrate.local_instance): here every process has it.
+LOCAL_INSTANCE_ENV = {
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0",
+}
 
 
 def quiet_ray_console() -> None:
@@ -148,10 +153,12 @@ def start_local_ray(*, num_cpus: int, **init_kwargs: Any) -> Any:
     import ray
 
     from raydiff.orchestrate.console import local_instance_environment
+    from raydiff.orchestrate.local_instance import LOCAL_INSTANCE_VAR
 
     for name, value in LOCAL_INSTANCE_ENV.items():
         os.environ.setdefault(name, value)
     os.environ.update(local_instance_environment())
+    os.environ[LOCAL_INSTANCE_VAR] = "1"
     return ray.init(address="local", num_cpus=num_cpus, **init_kwargs)
 
 
@@ -247,13 +254,13 @@ def _train_on_ray(
     resumed_from, progress = start.checkpoint, start.progress
 
     # No torch in this process (a sweep trial's, or the driver's): Ray Train's TorchTrainer is
-    # this trainer with ray.train.torch's TorchConfig, whose module imports torch.
+    # its DataParallelTrainer with ray.train.torch's TorchConfig, whose module imports torch.
     import ray
     import ray.train
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     from raydiff.data.pipeline import build_datasets
     from raydiff.orchestrate.console import train_log_level
+    from raydiff.orchestrate.local_instance import EnvInheritingTrainer
     from raydiff.orchestrate.torch_backend import TorchRendezvous
     from raydiff.orchestrate.worker import train_loop_per_worker
 
@@ -310,7 +317,7 @@ def _train_on_ray(
             run_dir=out,
             resume_checkpoint=resumed_from,
         )
-    trainer = DataParallelTrainer(
+    trainer = EnvInheritingTrainer(
         train_loop_per_worker,
         train_loop_config={
             "config": config,  # the typed config itself: it crosses to the workers once

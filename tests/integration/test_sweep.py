@@ -88,10 +88,12 @@ def test_asha_stops_a_bad_trial_and_the_results_list_every_trial(
         scheduler={"name": "asha", "grace_period": 8, "reduction_factor": 2},
     )
     out = tmp_path / "sweep_out"
+    actors_before = {actor.actor_id for actor in _actors()}
     outcome = start_sweep(load_sweep(sweep), output_dir=out)
     print(outcome.table)
 
     assert not outcome.interrupted
+    _assert_trial_actors_had_no_runtime_env(exclude=actors_before)
     rows = read_results(out)
     trial_dirs = sorted(p.name for p in (out / "trials").iterdir())
     assert [r["trial"] for r in rows] == trial_dirs and len(rows) == 4
@@ -120,6 +122,30 @@ def test_asha_stops_a_bad_trial_and_the_results_list_every_trial(
     assert outcome.best_checkpoint == best["checkpoint"]
     assert "*" in outcome.table and "stopped early" in outcome.table
     _assert_nothing_left_behind()
+
+
+def _actors() -> list:
+    from ray.util.state import list_actors
+
+    return list_actors(detail=True, limit=10_000, raise_on_missing_output=False)
+
+
+def _assert_trial_actors_had_no_runtime_env(*, exclude: set[str]) -> None:
+    """On a local instance, a trial and the actors of its Ray Train run start without a
+    runtime_env, but the training workers (raydiff.orchestrate.local_instance): each would start
+    through Ray's runtime-env agent and setup_worker.py, a second Python process."""
+    kinds = {
+        "ImplicitFunc",  # the trial (Tune's function trainable)
+        "_QueueActor",  # its report queue (TuneReportCallback)
+        "TrainController",
+        "PlacementGroupCleaner",
+        "SynchronizationActor",
+        "DatasetManager",
+    }
+    started = [a for a in _actors() if a.actor_id not in exclude and a.class_name in kinds]
+    assert {a.class_name for a in started} == kinds, sorted(a.class_name for a in started)
+    with_env = [(a.class_name, a.serialized_runtime_env) for a in started]
+    assert all(env == "{}" for _, env in with_env), with_env
 
 
 def _assert_nothing_left_behind() -> None:

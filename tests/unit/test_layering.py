@@ -68,6 +68,7 @@ def test_what_a_runs_controller_and_a_sweep_trial_load_imports_no_torch() -> Non
         (
             "import raydiff.orchestrate.trainer, raydiff.orchestrate.worker, "
             "raydiff.orchestrate.torch_backend, raydiff.orchestrate.sweep, "
+            "raydiff.orchestrate.local_instance, "
             "raydiff.train.checkpoint\n"
             "from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer",
             ("torch",),
