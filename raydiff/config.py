@@ -108,7 +108,7 @@ class ModelConfig:
     def _check_architecture(self) -> None:
         """The UNet's own architecture checks (GroupNorm, image_size, attention, heads), with
         errors naming this config's fields."""
-        from raydiff.core.unet import UNetArgumentError, check_unet_architecture
+        from raydiff.core.unet_arguments import UNetArgumentError, check_unet_architecture
 
         mult = self.channel_mult_tuple()
         pixels = self.attention_resolution_tuple()

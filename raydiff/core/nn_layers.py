@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from raydiff.core.unet_arguments import NUM_NORM_GROUPS
+
 __all__ = [
     "NUM_NORM_GROUPS",
     "GroupNorm32",
@@ -31,9 +33,6 @@ __all__ = [
     "upsample_nearest2x_conv3x3",
     "zero_module",
 ]
-
-#: GroupNorm group count used everywhere in the UNet (the originals hard-code 32).
-NUM_NORM_GROUPS = 32
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 

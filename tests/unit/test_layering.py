@@ -75,3 +75,15 @@ def test_what_a_runs_controller_and_a_sweep_trial_load_imports_no_torch() -> Non
         )
     )
     assert loaded == []
+
+
+def test_validating_a_config_imports_no_torch() -> None:
+    """The CLI's config errors, a sweep's trial and its Ray Train controller build and validate
+    configs, the UNet architecture rules included (raydiff.core.unet_arguments), without torch;
+    the model classes still come from raydiff.core on first use."""
+    validated, model = loaded_after(
+        ("from raydiff.config import load_config\nload_config('demo')", ("torch",)),
+        ("from raydiff.core import UNetModel", ("torch",)),
+    )
+    assert validated == []
+    assert model == ["torch"]
