@@ -39,9 +39,9 @@ restart means for the calls:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -205,10 +205,29 @@ def _actor_location(
     return str(Path(location).resolve())
 
 
-def kill_actor(run_name: str) -> None:
-    """Remove the run's actor for good (detached actors outlive the driver otherwise)."""
-    with contextlib.suppress(ValueError):
-        ray.kill(ray.get_actor(actor_name(run_name), namespace=ACTOR_NAMESPACE), no_restart=True)
+def kill_actor(run_name: str, *, timeout_s: float = 30.0) -> None:
+    """Remove the run's actor for good (detached actors outlive the driver otherwise).
+
+    Returns once Ray has released the actor's name (``ray.kill`` only asks for the kill), so that
+    a run started next on the same folder creates a new actor instead of finding the dying one,
+    and no call reaches the old one after this returns; after ``timeout_s`` it logs a warning.
+    """
+    name = actor_name(run_name)
+    try:
+        actor = ray.get_actor(name, namespace=ACTOR_NAMESPACE)
+    except ValueError:  # none (any more)
+        return
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=ACTOR_NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.05)
+    logger.warning(
+        "the loss-history actor %s was still registered %.0f s after it was killed", name, timeout_s
+    )
 
 
 class ActorSyncedSampler(ScheduleSampler):
