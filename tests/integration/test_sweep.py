@@ -88,7 +88,7 @@ def test_asha_stops_a_bad_trial_and_the_results_list_every_trial(
         scheduler={"name": "asha", "grace_period": 8, "reduction_factor": 2},
     )
     out = tmp_path / "sweep_out"
-    actors_before = {actor.actor_id for actor in _actors()}
+    actors_before = set(_actor_ids())
     outcome = start_sweep(load_sweep(sweep), output_dir=out)
     print(outcome.table)
 
@@ -124,28 +124,30 @@ def test_asha_stops_a_bad_trial_and_the_results_list_every_trial(
     _assert_nothing_left_behind()
 
 
-def _actors() -> list:
+def _actor_ids(class_name: str | None = None) -> dict[str, str]:
+    """Every actor the cluster has had (of ``class_name``): id -> serialized runtime_env."""
     from ray.util.state import list_actors
 
-    return list_actors(detail=True, limit=10_000, raise_on_missing_output=False)
+    filters = [("class_name", "=", class_name)] if class_name else None
+    actors = list_actors(filters=filters, detail=True, limit=10_000, raise_on_missing_output=False)
+    return {a.actor_id: a.serialized_runtime_env for a in actors}
 
 
 def _assert_trial_actors_had_no_runtime_env(*, exclude: set[str]) -> None:
     """On a local instance, a trial and the actors of its Ray Train run start without a
     runtime_env, but the training workers (raydiff.orchestrate.local_instance): each would start
     through Ray's runtime-env agent and setup_worker.py, a second Python process."""
-    kinds = {
+    for kind in (
         "ImplicitFunc",  # the trial (Tune's function trainable)
         "_QueueActor",  # its report queue (TuneReportCallback)
         "TrainController",
         "PlacementGroupCleaner",
         "SynchronizationActor",
         "DatasetManager",
-    }
-    started = [a for a in _actors() if a.actor_id not in exclude and a.class_name in kinds]
-    assert {a.class_name for a in started} == kinds, sorted(a.class_name for a in started)
-    with_env = [(a.class_name, a.serialized_runtime_env) for a in started]
-    assert all(env == "{}" for _, env in with_env), with_env
+    ):
+        started = {i: env for i, env in _actor_ids(kind).items() if i not in exclude}
+        assert started, f"no {kind} actor of this sweep listed"
+        assert set(started.values()) == {"{}"}, (kind, started)
 
 
 def _assert_nothing_left_behind() -> None:
