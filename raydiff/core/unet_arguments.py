@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-__all__ = ["NUM_NORM_GROUPS", "UNetArgumentError", "attention_levels", "check_unet_architecture"]
+__all__ = ["NUM_NORM_GROUPS", "UNetArgumentError", "check_unet_architecture"]
 
 NUM_NORM_GROUPS = 32
 """GroupNorm's group count in every UNet normalisation layer (improved-diffusion's 32)."""
 
 
-def attention_levels(
+def _attention_levels(
     channel_mult: Sequence[float], attention_resolutions: Collection[int]
 ) -> list[bool]:
     """Whether each level (downsample rate ``2 ** level``) has attention."""
@@ -133,7 +133,7 @@ def check_unet_architecture(
             )
 
     # Every attention layer must split its channels evenly into heads.
-    has_attention = attention_levels(channel_mult, attention_resolutions)
+    has_attention = _attention_levels(channel_mult, attention_resolutions)
     down_channels = [
         int(m * model_channels) for m, a in zip(channel_mult, has_attention, strict=True) if a
     ]
