@@ -138,8 +138,9 @@ def _assert_trial_actors_had_no_runtime_env(*, exclude: set[str]) -> None:
     runtime_env, but the training workers (raydiff.orchestrate.local_instance): each would start
     through Ray's runtime-env agent and setup_worker.py, a second Python process."""
     for kind in (
-        "ImplicitFunc",  # the trial (Tune's function trainable)
-        "_QueueActor",  # its report queue (TuneReportCallback)
+        # The trial's own actor (ImplicitFunc) is not always listed by the state API after a long
+        # session; its report queue, which it starts, inherits its runtime_env and shows it.
+        "_QueueActor",  # the trial's report queue (TuneReportCallback)
         "TrainController",
         "PlacementGroupCleaner",
         "SynchronizationActor",
