@@ -19,11 +19,13 @@ _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def process_name(cmdline: list[str]) -> str:
-    """A short, stable name: Ray's process title (``ray::IDLE``), a script or a binary name."""
+    """A short, stable name: Ray's process title without the method it is running
+    (``ray::TrainController`` for ``ray::TrainController.run``; ``ray::IDLE``), a script or a
+    binary name."""
     if not cmdline:
         return "?"
     if cmdline[0].startswith("ray::"):
-        return cmdline[0].split()[0]
+        return cmdline[0].split()[0].split(".")[0]
     scripts = [Path(arg).name for arg in cmdline[1:4] if arg.endswith(".py")]
     if scripts:
         return scripts[0]
@@ -91,9 +93,9 @@ class ProcessCpuSampler:
             if self._stop.wait(self.interval):
                 return
 
-    def shares(self, start: float, end: float) -> dict[str, float] | None:
-        """Percent of one core per process name between the first and last snapshot inside
-        ``[start, end]`` (``time.time()`` values); None when fewer than two fall inside.
+    def cpu_seconds(self, start: float, end: float) -> tuple[float, dict[str, float]] | None:
+        """(seconds between the first and last snapshot inside ``[start, end]``, CPU seconds per
+        process name in that span); None when fewer than two snapshots fall inside.
 
         Processes that started and exited between two snapshots are missing from the names but
         not from ``ALL_CPUS``, the machine's total busy time.
@@ -107,5 +109,14 @@ class ProcessCpuSampler:
             before = first[pid][0] if pid in first else 0  # started inside the window
             used = ticks - before
             if used > 0:
-                totals[name] += 100.0 * used / _TICKS_PER_S / (t1 - t0)
-        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+                totals[name] += used / _TICKS_PER_S
+        return t1 - t0, dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+    def shares(self, start: float, end: float) -> dict[str, float] | None:
+        """Percent of one core per process name between the first and last snapshot inside
+        ``[start, end]`` (``time.time()`` values); None when fewer than two fall inside."""
+        measured = self.cpu_seconds(start, end)
+        if measured is None:
+            return None
+        span, seconds = measured
+        return {name: 100.0 * used / span for name, used in seconds.items()}
