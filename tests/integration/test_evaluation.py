@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from tiny_model import tiny_model
 
 from raydiff.config import ExperimentConfig, apply_overrides, from_dict, to_dict
 from raydiff.factory import create_model
@@ -22,12 +23,7 @@ def run_checkpoint(tmp_path, tiny_dataset):
     config = apply_overrides(
         ExperimentConfig(),
         [
-            "model.image_size=16",
-            "model.in_channels=1",
-            "model.num_channels=32",
-            "model.channel_mult=1,2",
-            "model.num_res_blocks=1",
-            "model.attention_resolutions=",
+            *tiny_model(),
             "diffusion.diffusion_steps=20",
             "diffusion.noise_schedule=cosine",
             f"data.data_dir={tiny_dataset.path}",
@@ -96,12 +92,7 @@ def test_every_checkpoint_is_evaluated_while_the_run_trains(ray_cluster, tiny_da
     config = apply_overrides(
         ExperimentConfig(),
         [
-            "model.image_size=16",
-            "model.in_channels=1",
-            "model.num_channels=32",
-            "model.channel_mult=1,2",
-            "model.num_res_blocks=1",
-            "model.attention_resolutions=",
+            *tiny_model(),
             "diffusion.diffusion_steps=20",
             "diffusion.noise_schedule=cosine",
             "train.batch_size=8",

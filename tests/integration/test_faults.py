@@ -57,6 +57,7 @@ from typing import Any
 import pytest
 from test_job_submit import free_ports
 from test_training import tensorboard_starts
+from tiny_model import tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 HEAD_CPUS = 1
@@ -71,12 +72,7 @@ RUN_TIMEOUT_S = 240
 # logging every step (the figures are per step), one checkpoint every SAVE_INTERVAL steps, all of
 # them kept (the tests check every one).
 TINY_RUN = [
-    "model.image_size=16",
-    "model.in_channels=1",
-    "model.num_channels=32",
-    "model.channel_mult=1,2",
-    "model.num_res_blocks=1",
-    "model.attention_resolutions=8",
+    *tiny_model(attention="8"),
     "diffusion.diffusion_steps=500",
     "diffusion.noise_schedule=cosine",
     "optim.lr=1e-3",

@@ -29,18 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tiny_model import tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent  # ray, and the python the job's entrypoint runs
 JOB_TIMEOUT_S = 240  # ~45 s on an idle 2-core machine; far more while other Ray jobs run there
 
 TINY_RUN = [
-    "model.image_size=16",
-    "model.in_channels=1",
-    "model.num_channels=32",
-    "model.channel_mult=1,2",
-    "model.num_res_blocks=1",
-    "model.attention_resolutions=",
+    *tiny_model(),
     "diffusion.diffusion_steps=50",  # the demo evaluates with ddim50
     "train.batch_size=8",
     "train.max_steps=4",

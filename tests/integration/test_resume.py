@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tiny_model import tiny_model
 
 from raydiff.config import ExperimentConfig, apply_overrides
 
@@ -24,12 +25,7 @@ def config(data_dir: Path, max_steps: int) -> ExperimentConfig:
     return apply_overrides(
         ExperimentConfig(),
         [
-            "model.image_size=16",
-            "model.in_channels=1",
-            "model.num_channels=32",
-            "model.channel_mult=1,2",
-            "model.num_res_blocks=1",
-            "model.attention_resolutions=",
+            *tiny_model(),
             "model.dropout=0.1",  # dropout draws too: its stream must continue as well
             "diffusion.diffusion_steps=20",  # 200 losses warm the loss-aware sampler up
             "diffusion.noise_schedule=cosine",

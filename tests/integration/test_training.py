@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tiny_model import tiny_model
 
 from raydiff.config import ExperimentConfig, apply_overrides, from_dict, to_dict
 from raydiff.train.checkpoint import load_checkpoint, read_progress
@@ -22,12 +23,7 @@ GLOBAL_BATCH = 8
 
 def tiny_config(data_dir: Path, **overrides: object) -> dict:
     base = [
-        "model.image_size=16",
-        "model.in_channels=1",
-        "model.num_channels=32",
-        "model.channel_mult=1,2",
-        "model.num_res_blocks=1",
-        "model.attention_resolutions=8",
+        *tiny_model(attention="8"),
         "diffusion.diffusion_steps=500",  # 500 t x 10 history slots: no FIFO saturates here
         "diffusion.noise_schedule=cosine",
         "optim.lr=1e-3",

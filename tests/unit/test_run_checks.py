@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from tiny_model import tiny_model
 
 from raydiff.cli import main
 from raydiff.config import ExperimentConfig, apply_overrides, to_dict
@@ -36,13 +37,7 @@ def dataset(tmp_path_factory):
     return out
 
 
-BASE_OVERRIDES = [
-    "model.image_size=16",
-    "model.in_channels=1",
-    "model.channel_mult=1,2",
-    "model.num_channels=32",
-    "model.attention_resolutions=8",
-]
+BASE_OVERRIDES = tiny_model(attention="8")
 
 
 def config(dataset, *overrides):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_model import tiny_model
 
 from raydiff.config import ExperimentConfig, apply_overrides
 from raydiff.data.in_memory import infinite_batches
@@ -20,12 +21,7 @@ def tiny_config(max_steps: int) -> ExperimentConfig:
     return apply_overrides(
         ExperimentConfig(),
         [
-            "model.image_size=8",
-            "model.in_channels=1",
-            "model.num_channels=32",
-            "model.channel_mult=1,2",
-            "model.num_res_blocks=1",
-            "model.attention_resolutions=",
+            *tiny_model(image_size=8),
             "diffusion.diffusion_steps=40",
             f"train.batch_size={BATCH}",
             f"train.max_steps={max_steps}",
