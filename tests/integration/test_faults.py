@@ -104,9 +104,15 @@ def cluster_env() -> dict[str, str]:
     """The environment of the cluster's processes (every node's raylet and workers inherit it)
     and of the training drivers."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    paths = [str(REPO), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    # Workers import this checkout; the cluster's server (this file run as a script) imports
+    # the tests' shared modules (tiny_model), which pytest finds through tests/conftest.py.
+    paths = [
+        str(REPO),
+        str(REPO / "tests"),
+        *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)),
+    ]
     env.update(
-        PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)),  # workers import this checkout
+        PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)),
         RAY_AUTH_MODE="disabled",  # a throwaway cluster: no token (docs/ray-notes.md)
         RAY_USAGE_STATS_ENABLED="0",
         RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.2",  # report() is a barrier of one poll interval
