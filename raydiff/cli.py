@@ -590,7 +590,8 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     bpd.add_argument(
         "--out",
         default=None,
-        help="results folder (default: RUN/evaluation/checkpoint_NNNNNN for a run's checkpoint)",
+        help="results folder, a local path or a URI (default: RUN/evaluation/checkpoint_NNNNNN "
+        "for a run's checkpoint)",
     )
     add_address_argument(bpd)
 
@@ -603,7 +604,9 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
         "A prepared dataset's reference features are cached next to it.",
     )
     fid.add_argument(
-        "--samples", required=True, help="a `raydiff sample --out` folder, an npz or image folder"
+        "--samples",
+        required=True,
+        help="a `raydiff sample --out` folder, an npz or image folder (a local path or a URI)",
     )
     fid.add_argument(
         "--reference",
@@ -624,7 +627,9 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-images", type=int, default=None, help="use at most N images of each side"
     )
     fid.add_argument("--batch-size", type=int, default=64, help="Inception batch (default: 64)")
-    fid.add_argument("--out", default=None, help="results JSON (default: beside the samples)")
+    fid.add_argument(
+        "--out", default=None, help="results JSON, a path or a URI (default: beside the samples)"
+    )
 
 
 def run_evaluate(args: argparse.Namespace) -> int:

@@ -1,12 +1,15 @@
-"""The tiny UNet of the tests that train or evaluate a model, as ``--set`` overrides.
+"""Tiny models of the tests: the UNet of the tests that train or evaluate one (as ``--set``
+overrides), and a stand-in for FID's Inception network.
 
-A 16x16x1 (or 8x8x1) UNet of 32 channels, two levels of one residual block each: a few thousand
-parameters, milliseconds per step on a CPU. Tests add what they check (attention, diffusion
-steps, batch, intervals, workers) after these. Importable from every test module: pytest puts
-``tests/`` on ``sys.path`` for ``tests/conftest.py``.
+The UNet: 16x16x1 (or 8x8x1), 32 channels, two levels of one residual block each: milliseconds
+per step on a CPU. Tests add what they check (attention, diffusion steps, batch, intervals,
+workers) after these. Importable from every test module: pytest puts ``tests/`` on
+``sys.path`` for ``tests/conftest.py``.
 """
 
 from __future__ import annotations
+
+import torch
 
 
 def tiny_model(*, image_size: int = 16, attention: str = "") -> list[str]:
@@ -20,3 +23,16 @@ def tiny_model(*, image_size: int = 16, attention: str = "") -> list[str]:
         "model.num_res_blocks=1",
         f"model.attention_resolutions={attention}",
     ]
+
+
+class TinyFeatures(torch.nn.Module):
+    """A random conv feature extractor with Inception's interface (uint8 [B, 3, H, W]): what
+    ``raydiff.evaluate.fid.load_inception`` is replaced by where no weights file is at hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x.float() / 255).mean(dim=(2, 3))

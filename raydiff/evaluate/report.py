@@ -5,20 +5,22 @@ A raydiff checkpoint ``RUN/checkpoint_NNNNNN`` belongs to the run ``RUN`` (its f
 run's ``config.json``); its results go to ``RUN/evaluation/checkpoint_NNNNNN/`` and, as scalars
 ``eval/...`` at step NNNNNN, to ``RUN/tensorboard`` in an event file of their own
 (``*.evaluation``), so TensorBoard shows them next to the training curves and a later
-evaluation never rewrites the trainer's events.
+evaluation never rewrites the trainer's events. A run folder under a URI (``s3://...``) works
+the same way: results are written locally, then uploaded (:class:`raydiff.storage.
+MirroredFolder`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from raydiff.storage import MirroredFolder, RemotePath, resolve_location, write_text_atomically
 from raydiff.train.checkpoint import CHECKPOINT_PATTERN
 
 RESULTS_DIR = "evaluation"
@@ -29,37 +31,37 @@ TENSORBOARD_SUFFIX = ".evaluation"
 class RunCheckpoint:
     """A checkpoint inside a run folder, and the step it holds."""
 
-    run_dir: Path
-    checkpoint: Path
+    run_dir: Path | RemotePath
+    checkpoint: Path | RemotePath
     step: int
 
     @property
-    def results_dir(self) -> Path:
+    def results_dir(self) -> Path | RemotePath:
         return self.run_dir / RESULTS_DIR / self.checkpoint.name
 
 
-def run_checkpoint(path: str | Path) -> RunCheckpoint | None:
-    """The run ``path`` belongs to, if it is a ``checkpoint_NNNNNN`` folder of a run."""
-    checkpoint = Path(path).expanduser().resolve()
+def run_checkpoint(path: str | Path | RemotePath) -> RunCheckpoint | None:
+    """The run ``path`` (a local path or a URI) belongs to, if it is a ``checkpoint_NNNNNN``
+    folder of a run."""
+    checkpoint = resolve_location(path)
     match = CHECKPOINT_PATTERN.match(checkpoint.name)
-    if not checkpoint.is_dir() or match is None:
+    if match is None or not checkpoint.is_dir():
         return None
     if not (checkpoint.parent / "config.json").is_file():
         return None
     return RunCheckpoint(run_dir=checkpoint.parent, checkpoint=checkpoint, step=int(match[1]))
 
 
-def write_json(path: Path, result: dict[str, Any]) -> Path:
+def write_json(path: Path | RemotePath, result: dict[str, Any]) -> Path | RemotePath:
     """``result`` as indented JSON, atomically (NaN written as null)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(_finite(result), indent=2) + "\n")
-    os.replace(tmp, path)
+    if not isinstance(path, RemotePath):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(path, json.dumps(_finite(result), indent=2) + "\n")
     return path
 
 
 def add_to_tensorboard(
-    run_dir: Path,
+    run_dir: Path | RemotePath,
     *,
     step: int,
     scalars: dict[str, float],
@@ -69,15 +71,22 @@ def add_to_tensorboard(
     TensorBoard, in an event file of their own."""
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(str(run_dir / "tensorboard"), filename_suffix=TENSORBOARD_SUFFIX)
+    events = MirroredFolder(run_dir / "tensorboard")
     try:
-        for name, value in scalars.items():
-            if isinstance(value, float | int) and math.isfinite(value):
-                writer.add_scalar(f"eval/{name}", value, step)
-        for name, image in (images or {}).items():
-            writer.add_image(f"eval/{name}", image, step, dataformats="HWC")
+        writer = SummaryWriter(str(events.local), filename_suffix=TENSORBOARD_SUFFIX)
+        try:
+            for name, value in scalars.items():
+                if isinstance(value, float | int) and math.isfinite(value):
+                    writer.add_scalar(f"eval/{name}", value, step)
+            for name, image in (images or {}).items():
+                writer.add_image(f"eval/{name}", image, step, dataformats="HWC")
+        finally:
+            writer.close()
+        if events.is_remote:  # the staging folder holds this writer's file only
+            for file in events.local.iterdir():
+                events.publish(file.name)
     finally:
-        writer.close()
+        events.close()
 
 
 def _finite(value: Any) -> Any:

@@ -22,6 +22,7 @@ import numpy as np
 
 from raydiff.errors import UserInputError
 from raydiff.evaluate.options import BpdOptions
+from raydiff.storage import MirroredFolder, RemotePath, local_copy, resolve_location
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +32,8 @@ class FidResult:
     """FID/KID and what they were computed between, and where they were written."""
 
     summary: dict[str, Any]
-    json_path: Path
-    tensorboard_run: Path | None
+    json_path: Path | RemotePath
+    tensorboard_run: Path | RemotePath | None
 
 
 def run_fid(
@@ -48,6 +49,7 @@ def run_fid(
     """FID and KID of ``samples`` against ``reference`` in this process (no Ray: one Inception
     pass over each side). Samples written by ``raydiff sample`` know their checkpoint: the
     reference defaults to its dataset, and a run's checkpoint gets the result in its TensorBoard.
+    ``samples`` and ``out`` may be URIs (the samples are downloaded first).
     """
     import json
 
@@ -55,10 +57,15 @@ def run_fid(
     from raydiff.evaluate.report import add_to_tensorboard, run_checkpoint, write_json
     from raydiff.sample.outputs import SAMPLING_RECORD
 
-    samples_path = Path(samples)
-    if not samples_path.exists():
+    location = resolve_location(samples)
+    if not location.exists():
         raise FileNotFoundError(f"--samples {samples!r} does not exist")
-    folder = samples_path if samples_path.is_dir() else samples_path.parent
+    if location.is_dir():
+        # A `raydiff sample --out` folder: its npz (the PNGs hold the same pixels).
+        npz = sorted(p for p in location.iterdir() if _is_samples_npz(p.name))
+        if len(npz) == 1:
+            location = npz[0]
+    folder = location if location.is_dir() else location.parent
     record_file = folder / SAMPLING_RECORD
     record = json.loads(record_file.read_text()) if record_file.is_file() else {}
     run = run_checkpoint(record["checkpoint"]) if record.get("checkpoint") else None
@@ -74,29 +81,20 @@ def run_fid(
             ExperimentConfig, json.loads((run.checkpoint / "config.json").read_text())
         )
         reference = config.data.data_dir
-    if samples_path.is_dir():
-        # A `raydiff sample --out` folder: its npz (the PNGs hold the same pixels).
-        npz = sorted(samples_path.glob("samples_*.npz"))
-        if len(npz) == 1:
-            samples_path = npz[0]
-    result = compute_fid(
-        samples=samples_path,
-        reference=reference,
-        split=split,
-        inception=inception,
-        num_images=num_images,
-        batch_size=batch_size,
-        progress=True,
-    )
-    summary = {
-        **result,
-        "samples": str(samples_path.resolve()),
-        "reference": str(reference),
-        "split": split,
-    }
+    with local_copy(location) as local_samples:
+        result = compute_fid(
+            samples=local_samples,
+            reference=reference,
+            split=split,
+            inception=inception,
+            num_images=num_images,
+            batch_size=batch_size,
+            progress=True,
+        )
+    summary = {**result, "samples": str(location), "reference": str(reference), "split": split}
     if record.get("checkpoint"):
         summary["checkpoint"] = record["checkpoint"]
-    json_path = write_json(Path(out) if out else folder / f"fid_{split}.json", summary)
+    json_path = write_json(resolve_location(out) if out else folder / f"fid_{split}.json", summary)
     if run is not None:
         add_to_tensorboard(
             run.run_dir,
@@ -108,15 +106,20 @@ def run_fid(
     )
 
 
+def _is_samples_npz(name: str) -> bool:
+    """``samples_NxHxWxC.npz``, the array ``raydiff sample`` writes."""
+    return name.startswith("samples_") and name.endswith(".npz")
+
+
 @dataclass(kw_only=True)
 class BpdResult:
     """The bound's summary (``bpd``, ``bpd_stderr``, its parts) and where it was written."""
 
     summary: dict[str, Any]
-    json_path: Path
-    terms_path: Path
+    json_path: Path | RemotePath
+    terms_path: Path | RemotePath
     seconds: float
-    tensorboard_run: Path | None
+    tensorboard_run: Path | RemotePath | None
     """The run whose TensorBoard got the result (None: the checkpoint belongs to no run)."""
 
 
@@ -134,9 +137,11 @@ def run_bpd(options: BpdOptions, *, address: str | None = None) -> BpdResult:
     from raydiff.sample.generate import index_batches
     from raydiff.sample.load import load_sampling_model
 
-    # Every check before Ray starts.
+    # Every check before Ray starts. A checkpoint under a URI is downloaded to be loaded; its
+    # run folder there gets the results, as a local run's does.
+    source = resolve_location(options.checkpoint)
     loaded = load_sampling_model(
-        options.checkpoint,
+        source,
         weights=options.weights,
         model_flags=options.model_flags,
         config_file=options.config_file,
@@ -147,9 +152,10 @@ def run_bpd(options: BpdOptions, *, address: str | None = None) -> BpdResult:
         timestep_respacing=options.timestep_respacing or config.diffusion.timestep_respacing,
     )
     diffusion = create_gaussian_diffusion(diffusion_config)
-    run = run_checkpoint(options.checkpoint)
+    run = run_checkpoint(source)
+    out: Path | RemotePath
     if options.out:
-        out = Path(options.out)
+        out = resolve_location(options.out)
     elif run is not None:
         out = run.results_dir
     else:
@@ -223,26 +229,31 @@ def run_bpd(options: BpdOptions, *, address: str | None = None) -> BpdResult:
     respacing = diffusion_config.timestep_respacing
     stem = f"bpd_{options.split}" + (f"_respaced{respacing}" if respacing else "")
     stem += "" if options.clip_denoised else "_noclip"
-    terms_path = write_terms(
-        out / f"{stem}_terms.npz",
-        terms,
-        timesteps=walk_timesteps(diffusion),
-        indices=np.arange(len(x)),
-    )
     result = {
         **summary,
         "split": options.split,
         "data": str(data_dir),
-        "checkpoint": str(Path(options.checkpoint).resolve()),
+        "checkpoint": str(source),
         "weights": loaded.weights.name,
         "timestep_respacing": diffusion_config.timestep_respacing,
         "clip_denoised": options.clip_denoised,
         "seed": options.seed,
         "num_workers": options.num_workers,
         "seconds": round(seconds, 1),
-        "terms": terms_path.name,
+        "terms": f"{stem}_terms.npz",
     }
-    json_path = write_json(out / f"{stem}.json", result)
+    results = MirroredFolder(out)  # written here; uploaded when ``out`` is a URI
+    try:
+        terms_file = write_terms(
+            results.local / result["terms"],
+            terms,
+            timesteps=walk_timesteps(diffusion),
+            indices=np.arange(len(x)),
+        )
+        terms_path = results.publish(terms_file.name)  # the terms first: the JSON names them
+        json_path = results.publish(write_json(results.local / f"{stem}.json", result).name)
+    finally:
+        results.close()
     if run is not None:
         add_to_tensorboard(
             run.run_dir,

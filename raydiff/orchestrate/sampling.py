@@ -28,7 +28,7 @@ from raydiff.sample.generate import index_batches, sample_labels
 from raydiff.sample.load import load_sampling_model
 from raydiff.sample.options import SampleOptions, sampling_diffusion_config
 from raydiff.sample.outputs import SAMPLING_RECORD, write_grid, write_npz, write_pngs
-from raydiff.storage import MirroredFolder, RemotePath, as_location, local_copy, resolve_location
+from raydiff.storage import MirroredFolder, RemotePath, resolve_location
 
 logger = logging.getLogger(__name__)
 
@@ -74,16 +74,14 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
     out = resolve_location(options.out)  # a local folder, or a URI (s3://, gs://, ...)
     if out.exists() and any(out.iterdir()):
         raise UserInputError(f"--out {options.out} is not empty: choose a new folder")
-    # Every check before Ray starts: the checkpoint loads, the flags fit its keys. A checkpoint
-    # under a URI is downloaded for that (a folder under its own name).
-    source = as_location(options.checkpoint)
-    with local_copy(source) as checkpoint:
-        loaded = load_sampling_model(
-            checkpoint,
-            weights=options.weights,
-            model_flags=options.model_flags,
-            config_file=options.config_file,
-        )
+    # Every check before Ray starts: the checkpoint loads (downloaded first from a URI), the
+    # flags fit its keys.
+    loaded = load_sampling_model(
+        options.checkpoint,
+        weights=options.weights,
+        model_flags=options.model_flags,
+        config_file=options.config_file,
+    )
     config = loaded.config
     diffusion_config = sampling_diffusion_config(config, options)  # checks the respacing
     num_classes = config.model.num_classes if config.model.class_cond else None
@@ -155,7 +153,7 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
         write_pngs(samples, folder.local / "images")
         write_grid(samples, folder.local / "grid.png")
         # Where the samples came from: `raydiff evaluate fid` files its result under that run.
-        source = source if isinstance(source, RemotePath) else source.resolve()
+        source = resolve_location(options.checkpoint)
         record = {**dataclasses.asdict(options), "checkpoint": str(source)}
         (folder.local / SAMPLING_RECORD).write_text(json.dumps(record, indent=2))
         # The record last: a folder holding it holds every sample.

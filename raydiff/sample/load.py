@@ -13,6 +13,7 @@ import torch
 from raydiff.config import ExperimentConfig, config_from_flags, from_dict, load_config
 from raydiff.errors import UserInputError
 from raydiff.factory import create_model
+from raydiff.storage import RemotePath, as_location, local_copy
 from raydiff.train.checkpoint import load_model_weights, require_checkpoint_dir
 
 
@@ -56,7 +57,7 @@ def ema_files(checkpoint: Path) -> dict[str, Path]:
 
 
 def load_sampling_model(
-    path: str | Path,
+    path: str | Path | RemotePath,
     *,
     weights: str | None = None,
     model_flags: str | None = None,
@@ -67,10 +68,17 @@ def load_sampling_model(
     ``path``: a raydiff ``checkpoint_NNNNNN`` folder (its ``config.json`` describes the model;
     ``weights`` picks ``model`` or ``ema_RATE``, default: the config's first EMA rate), or a
     published ``.pt`` state dict, whose model is described by ``model_flags`` (improved-diffusion
-    syntax) or ``config_file``. Every mistake (a missing or incomplete checkpoint, an unknown EMA
+    syntax) or ``config_file``; a local path or a URI (downloaded into a temporary folder under
+    its own name for the load). Every mistake (a missing or incomplete checkpoint, an unknown EMA
     rate, flags that do not match the file's keys) is a one-line error naming it.
     """
-    path = Path(path)
+    location = as_location(path)
+    if isinstance(location, RemotePath):
+        with local_copy(location) as local:
+            return load_sampling_model(
+                local, weights=weights, model_flags=model_flags, config_file=config_file
+            )
+    path = Path(location)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if path.is_dir():

@@ -10,11 +10,13 @@ controller, the workers and the loss-history actor, so a cluster started without
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_training import GLOBAL_BATCH, run, tiny_config
 
@@ -66,8 +68,9 @@ def bucket_keys(bucket: str) -> set[str]:
 
 
 def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
-    ray_cluster, tiny_dataset, s3_bucket, tmp_path
+    ray_cluster, tiny_dataset, s3_bucket, tmp_path, monkeypatch
 ):
+    """Train into the bucket, resume from it, then sample and evaluate the checkpoint there."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from raydiff.storage import as_location, download
@@ -146,6 +149,51 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     } <= sample_keys, sorted(sample_keys)
     with pytest.raises(UserInputError, match="is not empty"):
         run_sampling(options)
+
+    # The bound of the checkpoint in the bucket: its run folder there gets the results and the
+    # TensorBoard scalars, as a local run's does.
+    from raydiff.evaluate.options import BpdOptions
+    from raydiff.orchestrate.evaluation import run_bpd
+
+    bpd = run_bpd(
+        BpdOptions(
+            checkpoint=second["checkpoint"],
+            split="val",
+            num_images=2,
+            batch_size=2,
+            timestep_respacing="10",
+        )
+    )
+    results = f"{uri}/evaluation/checkpoint_000006/bpd_val_respaced10"
+    assert (str(bpd.json_path), str(bpd.terms_path)) == (f"{results}.json", f"{results}_terms.npz")
+    assert str(bpd.tensorboard_run) == uri
+    written = json.loads(as_location(f"{results}.json").read_text())
+    assert written["bpd"] == bpd.summary["bpd"] and written["checkpoint"] == second["checkpoint"]
+    with np.load(download(as_location(f"{results}_terms.npz"), tmp_path / "t.npz")) as terms:
+        assert terms["vb"].shape == (2, 10)
+
+    # FID of the samples in the bucket (a stand-in Inception): the reference is the run's
+    # dataset, the JSON goes beside the samples there, the scalars to the run's TensorBoard.
+    from tiny_model import TinyFeatures
+
+    from raydiff.evaluate import fid
+    from raydiff.orchestrate.evaluation import run_fid
+
+    monkeypatch.setattr(fid, "load_inception", lambda path, device="cpu": TinyFeatures())
+    scores = run_fid(samples=options.out, reference=None, split="val")
+    assert scores.summary["reference"] == str(tiny_dataset.path)
+    assert (
+        scores.summary["num_samples"] == 3
+        and str(scores.json_path) == f"{options.out}/fid_val.json"
+    )
+    assert json.loads(as_location(scores.json_path).read_text())["fid"] == scores.summary["fid"]
+
+    events_dir = download(as_location(uri) / "tensorboard", tmp_path / "tb3")
+    events = EventAccumulator(str(events_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/bpd_val_respaced10")] == [6]
+    assert [e.step for e in events.Scalars("eval/fid_val")] == [6]
+    assert not Path("s3:").exists()
 
 
 def test_a_sweep_on_s3_with_a_failing_trial_resumes_from_the_bucket(

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-import torch
+from tiny_model import TinyFeatures
 
 from raydiff.config import config_from_flags, to_dict
 from raydiff.evaluate import fid
@@ -23,18 +23,6 @@ def test_without_the_weights_file_the_command_names_it(tmp_path, capsys, tiny_pr
     assert main([*argv, "--inception", str(tmp_path / "nope.pth")]) == 1
     err = capsys.readouterr().err
     assert fid.INCEPTION_WEIGHTS_FILE in err and "--inception" in err
-
-
-class TinyFeatures(torch.nn.Module):
-    """A random conv feature extractor with Inception's interface (uint8 [B, 3, H, W])."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = torch.nn.Conv2d(3, 8, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(x.float() / 255).mean(dim=(2, 3))
 
 
 def test_samples_of_a_runs_checkpoint_default_to_its_dataset_and_reach_its_tensorboard(
