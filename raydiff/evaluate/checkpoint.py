@@ -23,6 +23,7 @@ import numpy as np
 from raydiff.config import EvaluationConfig
 from raydiff.evaluate.report import RESULTS_DIR, add_to_tensorboard, write_json
 from raydiff.seeding import derive_seed
+from raydiff.storage import MirroredFolder, RemotePath, as_location
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +34,47 @@ BPD_BATCH = 16
 
 
 def evaluate_checkpoint(
-    checkpoint: str | Path, *, run_dir: str | Path, step: int, options: EvaluationConfig
+    checkpoint: str | Path | RemotePath,
+    *,
+    run_dir: str | Path | RemotePath,
+    step: int,
+    options: EvaluationConfig,
 ) -> dict[str, Any]:
     """Evaluate ``checkpoint`` (step ``step`` of the run in ``run_dir``) as ``options`` say;
-    returns the result written to ``RUN/evaluation/checkpoint_NNNNNN/evaluation.json``."""
+    returns the result written to ``RUN/evaluation/checkpoint_NNNNNN/evaluation.json``. A run
+    folder under a URI gets the same files: written here, then uploaded (the checkpoint is
+    downloaded to be loaded)."""
+    from raydiff.train.sample_grid import tile
+
+    start = time.monotonic()
+    checkpoint, run_dir = as_location(checkpoint), as_location(run_dir)
+    results = MirroredFolder(run_dir / RESULTS_DIR / checkpoint.name)
+    try:
+        result, samples, npz = _evaluate(checkpoint, out=results.local, step=step, options=options)
+        result["samples"] = str(results.target / npz.name)
+        result["seconds"] = round(time.monotonic() - start, 1)
+        write_json(results.local / "evaluation.json", result)
+        for name in (npz.name, "grid.png", "evaluation.json"):  # the JSON last: it names them
+            results.publish(name)
+    finally:
+        results.close()
+    _append_line(run_dir / RESULTS_DIR / METRICS_FILE, json.dumps(result))
+    scalars = {k: v for k, v in result.items() if k in ("bpd_val", "fid", "kid_mean", "seconds")}
+    add_to_tensorboard(run_dir, step=step, scalars=scalars, images={"samples": tile(samples)})
+    logger.info(
+        "evaluated %s in %.0f s: %s",
+        checkpoint.name,
+        result["seconds"],
+        "  ".join(f"{k} {v:.4g}" for k, v in scalars.items()),
+    )
+    return result
+
+
+def _evaluate(
+    checkpoint: Path | RemotePath, *, out: Path, step: int, options: EvaluationConfig
+) -> tuple[dict[str, Any], np.ndarray, Path]:
+    """The evaluation itself, its samples' npz and grid written into the local folder ``out``:
+    (the result so far, the samples, the npz)."""
     from raydiff.data.in_memory import load_split_tensors
     from raydiff.data.manifest import load_manifest
     from raydiff.evaluate.bpd import concatenate_terms, image_bpd_terms, summarize_terms
@@ -44,11 +82,7 @@ def evaluate_checkpoint(
     from raydiff.sample.generate import generate, index_batches, sample_labels
     from raydiff.sample.load import load_sampling_model
     from raydiff.sample.outputs import write_grid, write_npz
-    from raydiff.train.sample_grid import tile
 
-    start = time.monotonic()
-    checkpoint, run_dir = Path(checkpoint), Path(run_dir)
-    out = run_dir / RESULTS_DIR / checkpoint.name
     loaded = load_sampling_model(checkpoint)
     model, config = loaded.model, loaded.config
     seed = derive_seed(config.train.seed, "checkpoint-evaluation")
@@ -79,7 +113,6 @@ def evaluate_checkpoint(
     )
     npz = write_npz(samples, out, labels=np.concatenate(labels) if num_classes else None)
     write_grid(samples, out / "grid.png")
-    result["samples"] = str(npz)
 
     data_dir = config.data.data_dir
     manifest = load_manifest(data_dir)
@@ -114,16 +147,15 @@ def evaluate_checkpoint(
         )
         result.update({k: v for k, v in fid.items() if k in ("fid", "kid_mean", "kid_std")})
 
-    result["seconds"] = round(time.monotonic() - start, 1)
-    write_json(out / "evaluation.json", result)
-    with open(run_dir / RESULTS_DIR / METRICS_FILE, "a") as metrics_file:
-        metrics_file.write(json.dumps(result) + "\n")
-    scalars = {k: v for k, v in result.items() if k in ("bpd_val", "fid", "kid_mean", "seconds")}
-    add_to_tensorboard(run_dir, step=step, scalars=scalars, images={"samples": tile(samples)})
-    logger.info(
-        "evaluated %s in %.0f s: %s",
-        checkpoint.name,
-        result["seconds"],
-        "  ".join(f"{k} {v:.4g}" for k, v in scalars.items()),
-    )
-    return result
+    return result, samples, npz
+
+
+def _append_line(path: Path | RemotePath, line: str) -> None:
+    """Append ``line`` to the file ``path``. An object store has no append: the object is
+    written again whole (the run's one evaluator, one checkpoint at a time, is its only writer)."""
+    if isinstance(path, RemotePath):
+        before = path.read_text() if path.is_file() else ""
+        path.write_text(before + line + "\n")
+        return
+    with open(path, "a") as file:
+        file.write(line + "\n")

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import ray
 from ray.train.v2.api.callback import UserCallback
 
 from raydiff.config import ExperimentConfig
+from raydiff.storage import RemotePath
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ report never reached the controller) before it gives up."""
 class CheckpointEvaluator:
     """Evaluates checkpoints one at a time; ``status`` calls answer while one runs."""
 
-    def __init__(self, config: ExperimentConfig, run_dir: str, threads: int) -> None:
+    def __init__(self, config: ExperimentConfig, run_dir: Path | RemotePath, threads: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
@@ -47,16 +48,18 @@ class CheckpointEvaluator:
         self.requested.add(step)
 
     @ray.method(concurrency_group="evaluate")
-    def evaluate(self, checkpoint: str, step: int) -> dict[str, Any]:
+    def evaluate(self, name: str, step: int) -> dict[str, Any]:
+        """Evaluate the run's checkpoint folder ``name`` (local, or under the run's URI)."""
         from raydiff.evaluate.checkpoint import evaluate_checkpoint
 
         self.requested.add(step)
+        checkpoint = self.run_dir / name
         try:
             result = evaluate_checkpoint(
                 checkpoint, run_dir=self.run_dir, step=step, options=self.options
             )
         except Exception as error:  # an evaluation must never take the run down
-            if not Path(checkpoint).is_dir():
+            if not checkpoint.is_dir():
                 reason = (
                     "the checkpoint was removed before its turn (scaling.checkpoints_to_keep "
                     "keeps fewer checkpoints than evaluations lag behind)"
@@ -64,7 +67,7 @@ class CheckpointEvaluator:
             else:
                 reason = f"{type(error).__name__}: {error}"
             logging.getLogger("raydiff").warning("evaluation of %s failed: %s", checkpoint, reason)
-            result = {"step": step, "checkpoint": checkpoint, "error": reason}
+            result = {"step": step, "checkpoint": str(checkpoint), "error": reason}
         self.results[step] = result
         return result
 
@@ -86,17 +89,20 @@ class CheckpointEvaluationCallback(UserCallback):
             return
         step = int(metrics[0]["step"])
         self.evaluator.announce.remote(step)
-        self.evaluator.evaluate.remote(checkpoint.path, step)
+        # Ray Train keeps the checkpoint in the run folder (a filesystem path, no URI scheme,
+        # for a run under a URI): the evaluator finds it there by name.
+        self.evaluator.evaluate.remote(PurePosixPath(checkpoint.path).name, step)
 
 
-def start_evaluator(config: ExperimentConfig, *, run_dir: Path) -> Any:
-    """The run's evaluator actor, on ``evaluation.cpus`` CPUs (a GPU on a GPU run)."""
+def start_evaluator(config: ExperimentConfig, *, run_dir: Path | RemotePath) -> Any:
+    """The run's evaluator actor, on ``evaluation.cpus`` CPUs (a GPU on a GPU run). A run folder
+    under a URI travels with its filesystem (the driver's credentials included)."""
     options = config.evaluation
     resources: dict[str, float] = {"num_cpus": options.cpus}
     if config.scaling.use_gpu:
         resources = {"num_cpus": 1, "num_gpus": 1}
     return CheckpointEvaluator.options(**resources).remote(
-        config, str(run_dir), max(1, int(options.cpus))
+        config, run_dir, max(1, int(options.cpus))
     )
 
 

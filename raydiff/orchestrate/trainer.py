@@ -37,17 +37,11 @@ def absolute_uri(uri: str) -> str:
 RUN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def check_remote_output(out: RemotePath, config: ExperimentConfig) -> None:
-    """What a run folder given as a URI (``raydiff.storage``) cannot be or do."""
+def check_remote_output(out: RemotePath) -> None:
+    """What a run folder given as a URI (``raydiff.storage``) cannot be."""
     if "/" not in out.path:
         raise UserInputError(
             f"--output {out}: give the run a folder inside the bucket, e.g. {out}/runs/NAME"
-        )
-    if config.evaluation.every_checkpoint:
-        raise UserInputError(
-            f"--output {out}: evaluation.every_checkpoint (--evaluate-checkpoints) needs a local "
-            "or shared-disk --output; drop it, and evaluate a downloaded checkpoint with "
-            "raydiff evaluate"
         )
 
 
@@ -218,7 +212,7 @@ def run_training_job(
             f"{re.sub(r'[^A-Za-z0-9_.-]', '-', out.name)!r})"
         )
     if isinstance(out, RemotePath):
-        check_remote_output(out, config)
+        check_remote_output(out)
     manifest = manifest or load_manifest(config.data.data_dir)
     start = plan_start(config, output_dir=out, resume=resume_path, manifest=manifest)
     if start.finished is not None:

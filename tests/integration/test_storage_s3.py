@@ -196,6 +196,51 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     assert not Path("s3:").exists()
 
 
+def test_checkpoints_of_a_run_on_s3_are_evaluated_there_while_it_trains(
+    ray_cluster, tiny_dataset, s3_bucket, tmp_path
+):
+    """--evaluate-checkpoints with a run folder in the bucket: every checkpoint's samples, grid
+    and evaluation.json, the metrics.jsonl of all of them and the eval/* scalars land there."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from raydiff.storage import as_location, download
+
+    uri = f"s3://{s3_bucket}/runs/eval"
+    config = tiny_config(
+        tiny_dataset.path,
+        **{
+            "train.max_steps": 4,
+            "train.save_interval": 2,
+            "train.sample_interval": 0,
+            "data.val_split": "val",
+            "evaluation.every_checkpoint": "true",
+            "evaluation.num_samples": 4,
+            "evaluation.sample_respacing": "ddim4",
+            "evaluation.bpd_images": 2,
+            "evaluation.cpus": 0.5,
+        },
+    )
+    result = run(config, uri)
+    assert result["step"] == 4 and np.isfinite(result["evaluation"]["bpd_val"])
+    assert (
+        result["evaluation"]["samples"]
+        == f"{uri}/evaluation/checkpoint_000004/samples_4x16x16x1.npz"
+    )
+
+    keys = {k.removeprefix("runs/eval/") for k in bucket_keys(s3_bucket) if "runs/eval/" in k}
+    for step in (2, 4):
+        folder = f"evaluation/checkpoint_{step:06d}"
+        assert {f"{folder}/evaluation.json", f"{folder}/grid.png"} <= keys, sorted(keys)
+        assert f"{folder}/samples_4x16x16x1.npz" in keys
+    lines = (as_location(uri) / "evaluation" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [2, 4]
+    events_dir = download(as_location(uri) / "tensorboard", tmp_path / "tb")
+    events = EventAccumulator(str(events_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/bpd_val")] == [2, 4]
+    assert not Path("s3:").exists()
+
+
 def test_a_sweep_on_s3_with_a_failing_trial_resumes_from_the_bucket(
     ray_cluster, tiny_dataset, s3_bucket, tmp_path
 ):
