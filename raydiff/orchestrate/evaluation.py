@@ -55,17 +55,18 @@ def run_fid(
 
     from raydiff.evaluate.fid import compute_fid
     from raydiff.evaluate.report import add_to_tensorboard, run_checkpoint, write_json
-    from raydiff.sample.outputs import SAMPLING_RECORD
+    from raydiff.sample.outputs import SAMPLING_RECORD, is_npz_name
 
     location = resolve_location(samples)
     if not location.exists():
         raise FileNotFoundError(f"--samples {samples!r} does not exist")
-    if location.is_dir():
+    given_folder = location.is_dir()
+    folder = location if given_folder else location.parent
+    if given_folder:
         # A `raydiff sample --out` folder: its npz (the PNGs hold the same pixels).
-        npz = sorted(p for p in location.iterdir() if _is_samples_npz(p.name))
+        npz = sorted(p for p in folder.iterdir() if is_npz_name(p.name))
         if len(npz) == 1:
             location = npz[0]
-    folder = location if location.is_dir() else location.parent
     record_file = folder / SAMPLING_RECORD
     record = json.loads(record_file.read_text()) if record_file.is_file() else {}
     run = run_checkpoint(record["checkpoint"]) if record.get("checkpoint") else None
@@ -104,11 +105,6 @@ def run_fid(
     return FidResult(
         summary=summary, json_path=json_path, tensorboard_run=run.run_dir if run else None
     )
-
-
-def _is_samples_npz(name: str) -> bool:
-    """``samples_NxHxWxC.npz``, the array ``raydiff sample`` writes."""
-    return name.startswith("samples_") and name.endswith(".npz")
 
 
 @dataclass(kw_only=True)

@@ -18,6 +18,11 @@ def npz_name(samples: np.ndarray) -> str:
     return "samples_" + "x".join(str(d) for d in samples.shape) + ".npz"
 
 
+def is_npz_name(name: str) -> bool:
+    """Whether a file name is one :func:`npz_name` gives."""
+    return name.startswith("samples_") and name.endswith(".npz")
+
+
 def write_npz(samples: np.ndarray, out_dir: Path, *, labels: np.ndarray | None = None) -> Path:
     """``arr_0``: uint8 ``[N, H, W, C]``; ``arr_1``: int64 labels for a class-conditional model
     (as improved-diffusion's ``image_sample.py`` writes them). Written atomically."""
