@@ -75,9 +75,15 @@ def load_sampling_model(
     location = as_location(path)
     if isinstance(location, RemotePath):
         with local_copy(location) as local:
-            return load_sampling_model(
-                local, weights=weights, model_flags=model_flags, config_file=config_file
-            )
+            try:
+                return load_sampling_model(
+                    local, weights=weights, model_flags=model_flags, config_file=config_file
+                )
+            except UserInputError as error:  # name the URI, not the temporary download
+                message = str(error)
+                if str(local) not in message:
+                    raise
+                raise UserInputError(message.replace(str(local), str(location))) from None
     path = Path(location)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")

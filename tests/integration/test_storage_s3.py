@@ -171,6 +171,14 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     assert written["bpd"] == bpd.summary["bpd"] and written["checkpoint"] == second["checkpoint"]
     with np.load(download(as_location(f"{results}_terms.npz"), tmp_path / "t.npz")) as terms:
         assert terms["vb"].shape == (2, 10)
+    # A mistake about a checkpoint in the bucket names it there, not its temporary download.
+    from raydiff.sample.load import load_sampling_model
+
+    with pytest.raises(UserInputError) as refused:
+        load_sampling_model(second["checkpoint"], model_flags="--image_size 16")
+    assert second["checkpoint"] in str(refused.value) and "raydiff-download" not in str(
+        refused.value
+    )
 
     # FID of the samples in the bucket (a stand-in Inception): the reference is the run's
     # dataset, the JSON goes beside the samples there, the scalars to the run's TensorBoard.
