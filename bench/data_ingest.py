@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 SIZES = {32: 1, 64: 3}  # image size -> channels
-DEMO_STEP_FALLBACK = 145.0  # images/s, docs/reference.md, if raydiff.core cannot be timed
+DEMO_STEP_FALLBACK = 145.0  # images/s, a fixed figure, used only if raydiff.core cannot be timed
 
 
 def prepare(size: int, *, work: Path, limit: int | None) -> Path:

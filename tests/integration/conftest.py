@@ -3,7 +3,7 @@
 Starting Ray costs 2-3 s and a Train run 10-20 s here, so every integration test shares the
 ``ray_cluster`` fixture instead of starting its own. The cluster claims 4 logical CPUs on a
 2-core machine so that two Train workers at 0.5 CPU leave room for Ray Data's read and decode
-tasks (see docs/ray-notes.md: workers that take every CPU starve Ray Data and hang the run).
+tasks (docs/operations.md, "CPUs for Ray Data": workers that take every CPU starve Ray Data).
 """
 
 from __future__ import annotations

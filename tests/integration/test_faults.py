@@ -113,7 +113,7 @@ def cluster_env() -> dict[str, str]:
     ]
     env.update(
         PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)),
-        RAY_AUTH_MODE="disabled",  # a throwaway cluster: no token (docs/ray-notes.md)
+        RAY_AUTH_MODE="disabled",  # a throwaway cluster: no token (docs/operations.md)
         RAY_USAGE_STATS_ENABLED="0",
         RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.2",  # report() is a barrier of one poll interval
         RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0",  # nothing preempts a test cluster

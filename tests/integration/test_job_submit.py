@@ -71,7 +71,7 @@ def cluster_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
     env.update(
         PATH=os.pathsep.join([str(VENV_BIN), env.get("PATH", "")]),
-        RAY_AUTH_MODE="disabled",  # a throwaway cluster: no token (docs/ray-notes.md)
+        RAY_AUTH_MODE="disabled",  # a throwaway cluster: no token (docs/operations.md)
         RAY_USAGE_STATS_ENABLED="0",
         RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.2",  # report() is a barrier of one poll interval
         # One process less to start: nothing preempts a test cluster (as for raydiff's local
