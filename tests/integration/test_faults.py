@@ -580,7 +580,7 @@ def recovery(steps_before: list[Step], steps_after: list[Step]) -> Recovery:
 
 
 # --------------------------------------------------------------------------------------------
-# The figures for the README's reliability section.
+# The figures for docs/operations.md, "What recovery costs".
 
 FIGURES: list[dict[str, Any]] = []
 

@@ -13,6 +13,7 @@ are skipped):
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -33,27 +34,37 @@ PROJECT_PATH = re.compile(
 )
 MARKDOWN_LINK = re.compile(r"(?<!!)\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
+# A section named after its page in prose or a comment: docs/operations.md, "CPUs for Ray Data".
+NAMED_SECTION = re.compile(r"(?P<page>docs/[\w-]+\.md),? \"(?P<section>[^\"]+)\"")
 
 
 def text_files() -> list[Path]:
-    """The repository's text files, without what runs and set-up leave in the checkout."""
+    """The repository's text files, without what runs and set-up leave in the checkout (the
+    walk never enters a virtualenv, a dataset or a run folder)."""
     found = []
-    for path in sorted(ROOT.rglob("*")):
-        relative = path.relative_to(ROOT)
-        folders = relative.parts[:-1]
-        if any(p in SKIPPED_DIRS or p.endswith(".egg-info") for p in folders):
-            continue
-        if any(p.startswith(".") and p not in KEPT_DOT_DIRS for p in folders):
-            continue
-        if relative.parts[:2] == ("bench", "results"):
-            continue
-        if path.is_file() and (path.suffix in TEXT_SUFFIXES or path.name in TEXT_NAMES):
-            found.append(path)
+    for folder, subfolders, names in os.walk(ROOT):
+        here = Path(folder)
+        subfolders[:] = sorted(
+            name
+            for name in subfolders
+            if name not in SKIPPED_DIRS
+            and not name.endswith(".egg-info")
+            and (not name.startswith(".") or name in KEPT_DOT_DIRS)
+            and (here / name).relative_to(ROOT).parts != ("bench", "results")
+        )
+        for name in sorted(names):
+            path = here / name
+            if path.suffix in TEXT_SUFFIXES or name in TEXT_NAMES:
+                found.append(path)
     return found
 
 
 def markdown_files() -> list[Path]:
     return [path for path in text_files() if path.suffix == ".md"]
+
+
+def slug(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
 
 
 def heading_ids(markdown: Path) -> set[str]:
@@ -69,10 +80,10 @@ def heading_ids(markdown: Path) -> set[str]:
         match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
         if in_fence or not match:
             continue
-        slug = re.sub(r"[^\w\- ]", "", match.group(1).lower()).replace(" ", "-")
-        count = seen.get(slug, 0)
-        seen[slug] = count + 1
-        ids.add(slug if count == 0 else f"{slug}-{count}")
+        heading = slug(match.group(1))
+        count = seen.get(heading, 0)
+        seen[heading] = count + 1
+        ids.add(heading if count == 0 else f"{heading}-{count}")
     return ids
 
 
@@ -100,6 +111,18 @@ def is_project_path(text: str, start: int, path: str) -> bool:
     if re.search(r"[A-Z]{2,}", path) or path.startswith("bench/results"):
         return False
     return not text[max(0, start - 3) : start].endswith("'s ")
+
+
+def missing_sections(file: Path) -> list[str]:
+    text = file.read_text(encoding="utf-8", errors="replace")
+    missing = []
+    for match in NAMED_SECTION.finditer(text):
+        page = ROOT / match.group("page")
+        if page.exists() and slug(match.group("section")) not in heading_ids(page):
+            missing.append(
+                f'{shown(file)}: {match.group("page")} has no section "{match.group("section")}"'
+            )
+    return missing
 
 
 def missing_paths(file: Path) -> list[str]:
@@ -140,12 +163,19 @@ def test_project_paths_named_in_text_exist() -> None:
     assert missing == [], "paths the project does not contain:\n" + "\n".join(missing)
 
 
+def test_sections_named_in_text_exist() -> None:
+    files = [file for file in text_files() if file != Path(__file__).resolve()]
+    missing = [entry for file in files for entry in missing_sections(file)]
+    assert missing == [], "sections the docs do not have:\n" + "\n".join(missing)
+
+
 def test_a_broken_link_and_a_missing_path_are_found(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
         "# A title\n[a](nothing.md) [b](#a-title) [c](#other) [d](https://example.com)\n"
         "See docs/nothing.md, configs/NAME.yaml, docs/*.md and improved-diffusion's "
-        "scripts/image_train.py.\n",
+        "scripts/image_train.py.\n"
+        'docs/operations.md, "Storage"; docs/operations.md "No such section".\n',
         encoding="utf-8",
     )
     assert broken_links(page) == [
@@ -153,6 +183,9 @@ def test_a_broken_link_and_a_missing_path_are_found(tmp_path: Path) -> None:
         f"#other: no heading #other in {page}",
     ]
     assert missing_paths(page) == [f"{page}:3: docs/nothing.md"]
+    assert missing_sections(page) == [
+        f'{page}: docs/operations.md has no section "No such section"'
+    ]
 
 
 def test_readme_is_at_most_10000_characters() -> None:
