@@ -16,14 +16,19 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from raydiff.config import EvaluationConfig
+from raydiff.config import EvaluationConfig, ExperimentConfig
 from raydiff.evaluate.report import RESULTS_DIR, add_to_tensorboard, write_json
 from raydiff.seeding import derive_seed
 from raydiff.storage import MirroredFolder, RemotePath, as_location
+
+if TYPE_CHECKING:
+    import torch
+
+    from raydiff.data.manifest import Manifest
 
 logger = logging.getLogger(__name__)
 
@@ -75,70 +80,23 @@ def _evaluate(
 ) -> tuple[dict[str, Any], np.ndarray, Path]:
     """The evaluation itself, its samples' npz and grid written into the local folder ``out``:
     (the result so far, the samples, the npz)."""
-    from raydiff.data.in_memory import load_split_tensors
     from raydiff.data.manifest import load_manifest
-    from raydiff.evaluate.bpd import concatenate_terms, image_bpd_terms, summarize_terms
-    from raydiff.factory import create_gaussian_diffusion
-    from raydiff.sample.generate import generate, index_batches, sample_labels
     from raydiff.sample.load import load_sampling_model
-    from raydiff.sample.outputs import write_grid, write_npz
 
     loaded = load_sampling_model(checkpoint)
-    model, config = loaded.model, loaded.config
+    config = loaded.config
     seed = derive_seed(config.train.seed, "checkpoint-evaluation")
     result: dict[str, Any] = {"step": step, "checkpoint": str(checkpoint)}
     result["weights"] = loaded.weights.name
-
-    # Samples: the same indices and seed at every checkpoint.
-    sampler = create_gaussian_diffusion(options.sampling_diffusion(config.diffusion))
-    image_shape = (config.model.in_channels, config.model.image_size, config.model.image_size)
-    num_classes = config.model.num_classes if config.model.class_cond else None
-    batches = index_batches(options.num_samples, SAMPLE_BATCH)
-    labels = [
-        sample_labels(seed, b, num_classes=num_classes) if num_classes else None for b in batches
-    ]
-    samples = np.concatenate(
-        [
-            generate(
-                model,
-                sampler,
-                indices=b,
-                image_shape=image_shape,
-                seed=seed,
-                use_ddim=options.sample_respacing.startswith("ddim"),
-                labels=batch_labels,
-            )
-            for b, batch_labels in zip(batches, labels, strict=True)
-        ]
-    )
-    npz = write_npz(samples, out, labels=np.concatenate(labels) if num_classes else None)
-    write_grid(samples, out / "grid.png")
-
+    samples, npz = _write_samples(loaded.model, config, options=options, seed=seed, out=out)
     data_dir = config.data.data_dir
     manifest = load_manifest(data_dir)
     has_val = "val" in manifest.splits
     if options.bpd_images and has_val:
-        images, y, _ = load_split_tensors(
-            data_dir, "val", limit=options.bpd_images, manifest=manifest
-        )
-        diffusion = create_gaussian_diffusion(config.diffusion)
-        parts = [
-            image_bpd_terms(
-                model,
-                diffusion,
-                images=images[b.start : b.stop],
-                indices=b,
-                seed=seed,
-                labels=y[b.start : b.stop] if y is not None and num_classes else None,
-            )
-            for b in index_batches(len(images), BPD_BATCH)
-        ]
-        summary = summarize_terms(concatenate_terms(parts), num_timesteps=diffusion.num_timesteps)
-        result.update(bpd_val=summary["bpd"], bpd_val_stderr=summary["bpd_stderr"])
-        result["bpd_val_images"] = summary["num_images"]
+        bound = _val_bound(loaded.model, config, manifest, options=options, seed=seed)
+        result.update(bound)
     elif options.bpd_images:
         result["bpd_val_skipped"] = f"dataset {data_dir} has no val split"
-
     if options.inception and has_val:
         from raydiff.evaluate.fid import compute_fid
 
@@ -146,8 +104,83 @@ def _evaluate(
             samples=str(npz), reference=str(data_dir), split="val", inception=options.inception
         )
         result.update({k: v for k, v in fid.items() if k in ("fid", "kid_mean", "kid_std")})
-
     return result, samples, npz
+
+
+def _write_samples(
+    model: torch.nn.Module,
+    config: ExperimentConfig,
+    *,
+    options: EvaluationConfig,
+    seed: int,
+    out: Path,
+) -> tuple[np.ndarray, Path]:
+    """``options.num_samples`` samples, the same indices and seed at every checkpoint, written
+    to ``out`` as the npz and ``grid.png``: (the samples, the npz)."""
+    from raydiff.factory import create_gaussian_diffusion
+    from raydiff.sample.generate import generate, index_batches, sample_labels
+    from raydiff.sample.outputs import write_grid, write_npz
+
+    sampler = create_gaussian_diffusion(options.sampling_diffusion(config.diffusion))
+    image_shape = (config.model.in_channels, config.model.image_size, config.model.image_size)
+    num_classes = config.model.num_classes if config.model.class_cond else None
+    labels = None
+    if num_classes:
+        labels = sample_labels(seed, range(options.num_samples), num_classes=num_classes)
+    parts = [
+        generate(
+            model,
+            sampler,
+            indices=b,
+            image_shape=image_shape,
+            seed=seed,
+            use_ddim=options.sample_respacing.startswith("ddim"),
+            labels=labels[b.start : b.stop] if labels is not None else None,
+        )
+        for b in index_batches(options.num_samples, SAMPLE_BATCH)
+    ]
+    samples = np.concatenate(parts)
+    npz = write_npz(samples, out, labels=labels)
+    write_grid(samples, out / "grid.png")
+    return samples, npz
+
+
+def _val_bound(
+    model: torch.nn.Module,
+    config: ExperimentConfig,
+    manifest: Manifest,
+    *,
+    options: EvaluationConfig,
+    seed: int,
+) -> dict[str, Any]:
+    """The full bound of the first ``options.bpd_images`` val images (the same images and noise
+    at every checkpoint): ``bpd_val``, ``bpd_val_stderr``, ``bpd_val_images``."""
+    from raydiff.data.in_memory import load_split_tensors
+    from raydiff.evaluate.bpd import concatenate_terms, image_bpd_terms, summarize_terms
+    from raydiff.factory import create_gaussian_diffusion
+    from raydiff.sample.generate import index_batches
+
+    images, labels, _ = load_split_tensors(config.data.data_dir, "val", limit=options.bpd_images)
+    if not config.model.class_cond:
+        labels = None
+    diffusion = create_gaussian_diffusion(config.diffusion)
+    parts = [
+        image_bpd_terms(
+            model,
+            diffusion,
+            images=images[b.start : b.stop],
+            indices=b,
+            seed=seed,
+            labels=labels[b.start : b.stop] if labels is not None else None,
+        )
+        for b in index_batches(len(images), BPD_BATCH)
+    ]
+    summary = summarize_terms(concatenate_terms(parts), num_timesteps=diffusion.num_timesteps)
+    return {
+        "bpd_val": summary["bpd"],
+        "bpd_val_stderr": summary["bpd_stderr"],
+        "bpd_val_images": summary["num_images"],
+    }
 
 
 def _append_line(path: Path | RemotePath, line: str) -> None:

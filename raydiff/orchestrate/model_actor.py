@@ -10,7 +10,8 @@ workers. The actor builds its model once from weights the driver put in the obje
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,8 @@ class ModelActor:
     def sample(
         self, indices: range, labels: np.ndarray | None, options: Any
     ) -> tuple[int, np.ndarray]:
-        """``(indices.start, uint8 [N, H, W, C] samples)`` (``options``: a ``SampleOptions``)."""
+        """``(indices.start, uint8 [N, H, W, C] samples)`` of the samples ``indices``
+        (``labels``: the classes of all samples, or None; ``options``: a ``SampleOptions``)."""
         from raydiff.sample.generate import generate
 
         return indices.start, generate(
@@ -75,7 +77,7 @@ class ModelActor:
             use_ddim=options.use_ddim,
             eta=options.eta,
             clip_denoised=options.clip_denoised,
-            labels=labels,
+            labels=labels[indices.start : indices.stop] if labels is not None else None,
             cond_fn=self.cond_fn,
         )
 
@@ -88,8 +90,8 @@ class ModelActor:
         seed: int,
         clip_denoised: bool,
     ) -> tuple[int, dict[str, np.ndarray]]:
-        """``(indices.start, every term of the bound)`` for the dataset's images ``indices``
-        (float ``[N, C, H, W]`` in [-1, 1])."""
+        """``(indices.start, every term of the bound)`` for the images ``indices`` of ``images``
+        (all of the split's, float ``[N, C, H, W]`` in [-1, 1]; ``labels``: theirs, or None)."""
         import torch
 
         from raydiff.evaluate.bpd import image_bpd_terms
@@ -97,10 +99,13 @@ class ModelActor:
         return indices.start, image_bpd_terms(
             self.model,
             self.diffusion,
-            images=torch.tensor(images),  # Ray's arguments are read-only views
+            # Copies: the arrays are read-only views of the object store.
+            images=torch.tensor(images[indices.start : indices.stop]),
             indices=indices,
             seed=seed,
-            labels=torch.tensor(labels) if labels is not None else None,
+            labels=torch.tensor(labels[indices.start : indices.stop])
+            if labels is not None
+            else None,
             clip_denoised=clip_denoised,
         )
 
@@ -138,19 +143,30 @@ def model_actors(
 def map_batches_in_order(
     actors: list[Any],
     batches: list[range],
-    call: Callable[[Any, range], Any],
-    *,
-    on_result: Callable[[range, Any], None] | None = None,
+    method: str,
+    *args: Any,
+    progress: Any = None,
+    **kwargs: Any,
 ) -> list[Any]:
-    """``call(actor, batch)`` (an actor method's ``.remote(...)``, whose result is
-    ``(batch.start, value)``) for every batch on whichever actor is free; returns the values in
-    ``batches``' order. ``on_result`` sees each batch's value as it arrives (progress bars)."""
+    """``actor.<method>.remote(batch, *args, **kwargs)`` (whose result is ``(batch.start,
+    value)``) for every batch on whichever actor is free; returns the values in ``batches``'
+    order. Large arguments should be object refs (``ray.put``): each call then reads one copy in
+    the object store instead of shipping its own. ``progress``: a tqdm bar, advanced by each
+    batch's size as its result arrives."""
     from ray.util import ActorPool
 
+    call = functools.partial(_call, method, args, kwargs)
     by_start = {b.start: b for b in batches}
     values: dict[int, Any] = {}
     for start, value in ActorPool(actors).map_unordered(call, batches):
         values[start] = value
-        if on_result is not None:
-            on_result(by_start[start], value)
+        if progress is not None:
+            progress.update(len(by_start[start]))
     return [values[b.start] for b in batches]
+
+
+def _call(
+    method: str, args: tuple[Any, ...], kwargs: dict[str, Any], actor: Any, batch: range
+) -> Any:
+    """``ActorPool``'s submit function for :func:`map_batches_in_order`."""
+    return getattr(actor, method).remote(batch, *args, **kwargs)

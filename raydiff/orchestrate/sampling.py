@@ -12,7 +12,6 @@ The driver writes improved-diffusion's ``samples_NxHxWxC.npz``, one PNG per samp
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -21,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from raydiff.config import ExperimentConfig
+from raydiff.config import DiffusionConfig, ExperimentConfig
 from raydiff.errors import UserInputError
 from raydiff.orchestrate.model_actor import map_batches_in_order, model_actors
 from raydiff.sample.generate import index_batches, sample_labels
-from raydiff.sample.load import load_sampling_model
+from raydiff.sample.load import SamplingModel, load_sampling_model
 from raydiff.sample.options import SampleOptions, sampling_diffusion_config
-from raydiff.sample.outputs import SAMPLING_RECORD, write_grid, write_npz, write_pngs
-from raydiff.storage import MirroredFolder, RemotePath, resolve_location
+from raydiff.sample.outputs import write_sampling_outputs
+from raydiff.storage import RemotePath, resolve_location
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +47,79 @@ class SampleResult:
         return self.num_samples / self.seconds if self.seconds else float("nan")
 
 
+Guidance = tuple[Any, dict[str, Any], float]
+"""A guidance classifier for the actors: (its config, its weights, the guidance scale)."""
+
+
+def run_sampling(options: SampleOptions, *, address: str | None = None) -> SampleResult:
+    """Generate ``options.num_samples`` samples on ``options.num_workers`` Ray actors."""
+    from raydiff.orchestrate.trainer import ensure_ray, quiet_ray_console
+
+    out = resolve_location(options.out)  # a local folder, or a URI (s3://, gs://, ...)
+    if out.exists() and any(out.iterdir()):
+        raise UserInputError(f"--out {options.out} is not empty: choose a new folder")
+    # Every check before Ray starts: the checkpoint loads (downloaded first from a URI), the
+    # flags fit its keys.
+    loaded = load_sampling_model(
+        options.checkpoint,
+        weights=options.weights,
+        model_flags=options.model_flags,
+        config_file=options.config_file,
+    )
+    diffusion_config = sampling_diffusion_config(loaded.config, options)  # checks the respacing
+    guidance, num_classes = _guidance_and_classes(options, loaded.config)
+    # arr_1: the classes of a class-conditional model, or those a classifier guided towards.
+    labels = None
+    if num_classes:
+        labels = sample_labels(
+            options.seed,
+            range(options.num_samples),
+            num_classes=num_classes,
+            class_labels=options.class_labels,
+        )
+    ensure_ray(address=address, num_workers=options.num_workers, cpus_per_worker=1.0)
+    quiet_ray_console()
+    _log_start(options, loaded, diffusion_config, guided=guidance is not None)
+    start = time.monotonic()
+    samples = _samples_on_actors(options, loaded, diffusion_config, guidance, labels)
+    seconds = time.monotonic() - start
+    record = {
+        **dataclasses.asdict(options),
+        "checkpoint": str(resolve_location(options.checkpoint)),
+    }
+    npz = write_sampling_outputs(samples, out, labels=labels, record=record)
+    return SampleResult(
+        npz=npz,
+        grid=out / "grid.png",
+        png_dir=out / "images",
+        num_samples=len(samples),
+        seconds=seconds,
+    )
+
+
+def _guidance_and_classes(
+    options: SampleOptions, config: ExperimentConfig
+) -> tuple[Guidance | None, int | None]:
+    """The guidance classifier (None without ``--classifier``) and the number of classes the
+    samples get labels of (None: unconditional and unguided)."""
+    num_classes = config.model.num_classes if config.model.class_cond else None
+    guidance = None
+    if options.classifier:
+        classifier_config, classifier_weights = _load_guidance(options, config)
+        if num_classes is not None and classifier_config.num_classes != num_classes:
+            raise UserInputError(
+                f"--classifier has {classifier_config.num_classes} classes, the model "
+                f"{num_classes}: they must agree"
+            )
+        num_classes = classifier_config.num_classes
+        guidance = (classifier_config, classifier_weights, options.classifier_scale)
+    if options.class_labels and num_classes is None:
+        raise UserInputError(
+            "--class-labels given, but the model is not class-conditional (and no --classifier)"
+        )
+    return guidance, num_classes
+
+
 def _load_guidance(options: SampleOptions, config: ExperimentConfig) -> tuple[Any, dict[str, Any]]:
     """The guidance classifier's config and weights, checked against its file before Ray."""
     from raydiff.sample.classifier import classifier_config_from_flags, load_classifier
@@ -65,51 +137,14 @@ def _load_guidance(options: SampleOptions, config: ExperimentConfig) -> tuple[An
     return classifier_config, classifier.state_dict()
 
 
-def run_sampling(options: SampleOptions, *, address: str | None = None) -> SampleResult:
-    """Generate ``options.num_samples`` samples on ``options.num_workers`` Ray actors."""
-    from tqdm.auto import tqdm
-
-    from raydiff.orchestrate.trainer import ensure_ray, quiet_ray_console
-
-    out = resolve_location(options.out)  # a local folder, or a URI (s3://, gs://, ...)
-    if out.exists() and any(out.iterdir()):
-        raise UserInputError(f"--out {options.out} is not empty: choose a new folder")
-    # Every check before Ray starts: the checkpoint loads (downloaded first from a URI), the
-    # flags fit its keys.
-    loaded = load_sampling_model(
-        options.checkpoint,
-        weights=options.weights,
-        model_flags=options.model_flags,
-        config_file=options.config_file,
-    )
-    config = loaded.config
-    diffusion_config = sampling_diffusion_config(config, options)  # checks the respacing
-    num_classes = config.model.num_classes if config.model.class_cond else None
-    guidance = None
-    if options.classifier:
-        classifier_config, classifier_weights = _load_guidance(options, config)
-        if num_classes is not None and classifier_config.num_classes != num_classes:
-            raise UserInputError(
-                f"--classifier has {classifier_config.num_classes} classes, the model "
-                f"{num_classes}: they must agree"
-            )
-        num_classes = classifier_config.num_classes
-        guidance = (classifier_config, classifier_weights, options.classifier_scale)
-    if options.class_labels and num_classes is None:
-        raise UserInputError(
-            "--class-labels given, but the model is not class-conditional (and no --classifier)"
-        )
-    batches = index_batches(options.num_samples, options.batch_size)
-    labels = {
-        b.start: sample_labels(
-            options.seed, b, num_classes=num_classes, class_labels=options.class_labels
-        )
-        if num_classes
-        else None
-        for b in batches
-    }
-    ensure_ray(address=address, num_workers=options.num_workers, cpus_per_worker=1.0)
-    quiet_ray_console()
+def _log_start(
+    options: SampleOptions,
+    loaded: SamplingModel,
+    diffusion_config: DiffusionConfig,
+    *,
+    guided: bool,
+) -> None:
+    respacing = diffusion_config.timestep_respacing
     logger.info(
         "sampling %d images from %s (%s) on %d worker(s): %s%s%s, batches of %d, seed %d",
         options.num_samples,
@@ -117,17 +152,26 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
         loaded.weights.name,
         options.num_workers,
         "DDIM" if options.use_ddim else "ancestral",
-        f" respaced {diffusion_config.timestep_respacing}"
-        if diffusion_config.timestep_respacing
-        else "",
-        f", classifier guidance scale {options.classifier_scale}" if guidance else "",
+        f" respaced {respacing}" if respacing else "",
+        f", classifier guidance scale {options.classifier_scale}" if guided else "",
         options.batch_size,
         options.seed,
     )
-    start = time.monotonic()
+
+
+def _samples_on_actors(
+    options: SampleOptions,
+    loaded: SamplingModel,
+    diffusion_config: DiffusionConfig,
+    guidance: Guidance | None,
+    labels: np.ndarray | None,
+) -> np.ndarray:
+    """uint8 ``[N, H, W, C]`` samples, batches spread over ``options.num_workers`` actors."""
+    from tqdm.auto import tqdm
+
     with (
         model_actors(
-            config,
+            loaded.config,
             diffusion_config,
             loaded.model.state_dict(),
             num_workers=options.num_workers,
@@ -138,33 +182,10 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
     ):
         parts = map_batches_in_order(
             actors,
-            batches,
-            lambda actor, b: actor.sample.remote(b, labels[b.start], options),
-            on_result=lambda b, _: bar.update(len(b)),
+            index_batches(options.num_samples, options.batch_size),
+            "sample",
+            labels,
+            options,
+            progress=bar,
         )
-    seconds = time.monotonic() - start
-    samples = np.concatenate(parts)
-    # arr_1: the classes of a class-conditional model, or those a classifier guided towards.
-    all_labels = np.concatenate([labels[b.start] for b in batches]) if num_classes else None
-    # Written locally (in place, or staged and uploaded for a URI --out).
-    folder = MirroredFolder(out)
-    try:
-        npz = write_npz(samples, folder.local, labels=all_labels)
-        write_pngs(samples, folder.local / "images")
-        write_grid(samples, folder.local / "grid.png")
-        # Where the samples came from: `raydiff evaluate fid` files its result under that run.
-        source = resolve_location(options.checkpoint)
-        record = {**dataclasses.asdict(options), "checkpoint": str(source)}
-        (folder.local / SAMPLING_RECORD).write_text(json.dumps(record, indent=2))
-        # The record last: a folder holding it holds every sample.
-        for name in (npz.name, "images", "grid.png", SAMPLING_RECORD):
-            folder.publish(name)
-    finally:
-        folder.close()
-    return SampleResult(
-        npz=out / npz.name,
-        grid=out / "grid.png",
-        png_dir=out / "images",
-        num_samples=len(samples),
-        seconds=seconds,
-    )
+    return np.concatenate(parts)

@@ -93,32 +93,41 @@ def load_sampling_model(
                 f"{path} is a raydiff checkpoint: its config.json describes the model "
                 f"(--model-flags / --config are for published .pt files)"
             )
-        checkpoint = require_checkpoint_dir(path)
-        config = from_dict(ExperimentConfig, json.loads((checkpoint / "config.json").read_text()))
-        choices = {"model": checkpoint / "model.pt", **ema_files(checkpoint)}
-        if weights is None:
-            first_rate = config.optim.ema_rates()[0]
-            weights = f"ema_{first_rate}" if f"ema_{first_rate}" in choices else "model"
-        if weights not in choices:
-            raise UserInputError(
-                f"--weights {weights}: {checkpoint} has no such weights; valid: "
-                f"{', '.join(choices)}"
-            )
-        file = choices[weights]
+        config, file = _checkpoint_weights(path, weights)
     else:
-        if weights is not None:
-            raise UserInputError(f"--weights applies to raydiff checkpoints; {path} is one file")
-        if bool(model_flags) == bool(config_file):
-            raise UserInputError(
-                f"{path} is a published state dict: describe its model with --model-flags "
-                f"'--image_size 64 --num_channels 128 ...' (the flags it was trained with) or "
-                f"--config FILE.yaml, one of them"
-            )
-        if model_flags:
-            config = config_from_flags(parse_model_flags(model_flags))
-        else:
-            config = load_config(config_file)
-        file = path
+        config, file = _published_weights(path, weights, model_flags, config_file)
     model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
     load_model_weights(model, file)
     return SamplingModel(model=model.eval(), config=config, weights=file)
+
+
+def _checkpoint_weights(path: Path, weights: str | None) -> tuple[ExperimentConfig, Path]:
+    """A raydiff checkpoint's config and the file of ``weights`` (default: its first EMA)."""
+    checkpoint = require_checkpoint_dir(path)
+    config = from_dict(ExperimentConfig, json.loads((checkpoint / "config.json").read_text()))
+    choices = {"model": checkpoint / "model.pt", **ema_files(checkpoint)}
+    if weights is None:
+        first_rate = config.optim.ema_rates()[0]
+        weights = f"ema_{first_rate}" if f"ema_{first_rate}" in choices else "model"
+    if weights not in choices:
+        raise UserInputError(
+            f"--weights {weights}: {checkpoint} has no such weights; valid: {', '.join(choices)}"
+        )
+    return config, choices[weights]
+
+
+def _published_weights(
+    path: Path, weights: str | None, model_flags: str | None, config_file: str | None
+) -> tuple[ExperimentConfig, Path]:
+    """A published state dict's config, from its flags or a config file, and the file."""
+    if weights is not None:
+        raise UserInputError(f"--weights applies to raydiff checkpoints; {path} is one file")
+    if bool(model_flags) == bool(config_file):
+        raise UserInputError(
+            f"{path} is a published state dict: describe its model with --model-flags "
+            f"'--image_size 64 --num_channels 128 ...' (the flags it was trained with) or "
+            f"--config FILE.yaml, one of them"
+        )
+    if model_flags:
+        return config_from_flags(parse_model_flags(model_flags)), path
+    return load_config(config_file), path

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from raydiff.storage import MirroredFolder, RemotePath
 from raydiff.train.sample_grid import save_png, tile
 
 SAMPLING_RECORD = "sampling.json"
@@ -50,3 +53,28 @@ def write_pngs(samples: np.ndarray, out_dir: Path, *, first_index: int = 0) -> l
 def write_grid(samples: np.ndarray, path: Path, *, max_images: int = 256) -> Path:
     """A grid PNG of the first ``max_images`` samples."""
     return save_png(tile(samples[:max_images]), path)
+
+
+def write_sampling_outputs(
+    samples: np.ndarray,
+    out: Path | RemotePath,
+    *,
+    labels: np.ndarray | None,
+    record: dict[str, Any],
+) -> Path | RemotePath:
+    """A ``raydiff sample --out`` folder: the npz (``labels`` as ``arr_1``), one PNG per sample
+    in ``images/``, ``grid.png`` and the record of where the samples came from
+    (:data:`SAMPLING_RECORD`), written locally (in place, or staged and uploaded for a URI).
+    Returns the npz's path (or URI)."""
+    folder = MirroredFolder(out)
+    try:
+        npz = write_npz(samples, folder.local, labels=labels)
+        write_pngs(samples, folder.local / "images")
+        write_grid(samples, folder.local / "grid.png")
+        (folder.local / SAMPLING_RECORD).write_text(json.dumps(record, indent=2))
+        # The record last: a folder holding it holds every sample.
+        for name in (npz.name, "images", "grid.png", SAMPLING_RECORD):
+            folder.publish(name)
+    finally:
+        folder.close()
+    return out / npz.name

@@ -10,6 +10,7 @@ from tiny_model import TinyFeatures
 
 from raydiff.config import config_from_flags, to_dict
 from raydiff.evaluate import fid
+from raydiff.evaluate.inception import INCEPTION_WEIGHTS_FILE
 from raydiff.sample.outputs import SAMPLING_RECORD, write_npz
 
 pytestmark = pytest.mark.unit
@@ -22,7 +23,7 @@ def test_without_the_weights_file_the_command_names_it(tmp_path, capsys, tiny_pr
     argv = ["evaluate", "fid", "--samples", str(npz), "--reference", str(tiny_prepared)]
     assert main([*argv, "--inception", str(tmp_path / "nope.pth")]) == 1
     err = capsys.readouterr().err
-    assert fid.INCEPTION_WEIGHTS_FILE in err and "--inception" in err
+    assert INCEPTION_WEIGHTS_FILE in err and "--inception" in err
 
 
 def test_samples_of_a_runs_checkpoint_default_to_its_dataset_and_reach_its_tensorboard(
@@ -30,7 +31,7 @@ def test_samples_of_a_runs_checkpoint_default_to_its_dataset_and_reach_its_tenso
 ):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from raydiff.orchestrate.evaluation import run_fid
+    from raydiff.evaluate.samples_fid import run_fid
 
     monkeypatch.setattr(fid, "load_inception", lambda path, device="cpu": TinyFeatures())
     config = config_from_flags(

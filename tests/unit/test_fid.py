@@ -1,6 +1,7 @@
-"""FID/KID: the math against closed forms, every image source, the reference cache, the Inception
-weights file (never downloaded) and the refusals. No Ray, and no real Inception weights: a small
-random conv net stands in for the extractor, and a random-weight file for the weights."""
+"""FID/KID: agreement with torch-fidelity's own pipeline, the math against closed forms, every
+image source, the reference cache, the Inception weights file (never downloaded) and the
+refusals. No Ray, and no real Inception weights: a small random conv net stands in for the
+extractor, and a zero-weight file for the weights."""
 
 from __future__ import annotations
 
@@ -15,22 +16,18 @@ from PIL import Image
 from raydiff.data import PrepareOptions, prepare_dataset
 from raydiff.data.in_memory import load_split_tensors
 from raydiff.errors import UserInputError
-from raydiff.evaluate import fid as fid_module
-from raydiff.evaluate.fid import (
+from raydiff.evaluate.fid import KID_SEED, compute_fid, frechet_distance, kernel_inception_distance
+from raydiff.evaluate.image_sources import load_images
+from raydiff.evaluate.inception import (
     INCEPTION_ENV,
     INCEPTION_WEIGHTS_FILE,
     INCEPTION_WEIGHTS_URL,
-    REFERENCE_CACHE_DIR,
-    GaussianStatistics,
-    compute_fid,
     extract_features,
     extractor_id,
-    feature_statistics,
-    frechet_distance,
-    kernel_inception_distance,
-    load_images,
+    import_torch_fidelity,
     load_inception,
 )
+from raydiff.evaluate.reference_cache import REFERENCE_CACHE_DIR
 
 pytestmark = pytest.mark.unit
 
@@ -77,6 +74,96 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
+# agreement with torch-fidelity
+
+
+class UInt8Images(torch.utils.data.Dataset):
+    """torch-fidelity's input: one uint8 [3, H, W] tensor per item."""
+
+    def __init__(self, images: np.ndarray) -> None:
+        self.images = torch.from_numpy(images).permute(0, 3, 1, 2).expand(-1, 3, -1, -1)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.images[index]
+
+
+def tiny_torch_fidelity_extractor() -> type:
+    """TinyFeatures as a torch-fidelity feature extractor (its registry's interface), float64
+    out, so that both pipelines see the very same features."""
+    base = import_torch_fidelity().FeatureExtractorBase
+
+    class TinyExtractor(base):
+        def __init__(self, name: str, features_list: list[str], **kwargs: object) -> None:
+            super().__init__(name, features_list)
+            self.net = TinyFeatures()
+
+        @staticmethod
+        def get_provided_features_list() -> tuple[str, ...]:
+            return ("tiny",)
+
+        @staticmethod
+        def get_default_feature_layer_for_metric(metric: str) -> str:
+            return "tiny"
+
+        @staticmethod
+        def can_be_compiled() -> bool:
+            return False
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (self.net(x).double(),)
+
+    return TinyExtractor
+
+
+def test_fid_and_kid_agree_with_torch_fidelitys_calculate_metrics(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """raydiff's path (an npz and a prepared dataset, its adapter, its extraction, its cache)
+    against torch-fidelity's whole pipeline on the same images and the same network."""
+    torch_fidelity = import_torch_fidelity()
+    name = "raydiff-test-tiny"
+    if name not in torch_fidelity.registry.FEATURE_EXTRACTORS_REGISTRY:
+        torch_fidelity.register_feature_extractor(name, tiny_torch_fidelity_extractor())
+    reference = load_images(dataset, split="train")
+    samples = np.clip(reference.astype(int)[::-1] + 40, 0, 255).astype(np.uint8)
+    np.savez(tmp_path / "samples.npz", samples)
+
+    class Float64Features(TinyFeatures):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x).double()
+
+    ours = compute_fid(
+        samples=tmp_path / "samples.npz",
+        reference=dataset,
+        split="train",
+        extractor=Float64Features(),
+        kid_subsets=10,
+        kid_subset_size=50,
+    )
+    theirs = torch_fidelity.calculate_metrics(
+        input1=UInt8Images(samples),
+        input2=UInt8Images(reference),
+        feature_extractor=name,
+        fid=True,
+        kid=True,
+        kid_subsets=10,
+        kid_subset_size=50,
+        rng_seed=KID_SEED,
+        cuda=False,
+        cache=False,
+        save_cpu_ram=True,
+        verbose=False,
+    )
+    assert ours["fid"] > 0.1 and ours["kid_mean"] > 0
+    assert ours["fid"] == pytest.approx(theirs["frechet_inception_distance"], rel=1e-6)
+    assert ours["kid_mean"] == pytest.approx(theirs["kernel_inception_distance_mean"], rel=1e-6)
+    assert ours["kid_std"] == pytest.approx(theirs["kernel_inception_distance_std"], rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
 # math
 
 
@@ -89,33 +176,13 @@ def closed_form_fid(mu1: np.ndarray, s1: np.ndarray, mu2: np.ndarray, s2: np.nda
 def test_identical_features_give_zero_fid_and_near_zero_kid() -> None:
     rng = np.random.default_rng(0)
     features = rng.normal(size=(300, 8))
-    stats = feature_statistics(features)
-    assert frechet_distance(stats, stats) == pytest.approx(0.0, abs=1e-9)
+    assert frechet_distance(features, features) == pytest.approx(0.0, abs=1e-9)
     same = kernel_inception_distance(features, features, num_subsets=4)[0]
     independent = kernel_inception_distance(features, rng.normal(size=(300, 8)), num_subsets=4)[0]
     shifted = kernel_inception_distance(features, features + 0.5, num_subsets=4)[0]
     # Unbiased, so ~0 rather than 0: the same set pairs each image with itself, which leaves
     # -O(k(x, x) / m) (here 5% of the shifted value).
     assert abs(same) < 0.1 * shifted and abs(independent) < 0.1 * shifted
-
-
-def test_fid_of_gaussian_statistics_matches_the_closed_form() -> None:
-    rng = np.random.default_rng(1)
-    mu1, mu2 = rng.normal(size=5), rng.normal(size=5)
-    s1, s2 = rng.uniform(0.2, 3.0, 5), rng.uniform(0.2, 3.0, 5)
-    expected = closed_form_fid(mu1, s1, mu2, s2)
-    diagonal = frechet_distance(
-        GaussianStatistics(mu=mu1, sigma=np.diag(s1), num_images=0),
-        GaussianStatistics(mu=mu2, sigma=np.diag(s2), num_images=0),
-    )
-    assert diagonal == pytest.approx(expected, rel=1e-10)
-    # Commuting but not diagonal: one random rotation Q, S = Q diag(s) Q^T.
-    q, _ = np.linalg.qr(rng.normal(size=(5, 5)))
-    rotated = frechet_distance(
-        GaussianStatistics(mu=mu1, sigma=q @ np.diag(s1) @ q.T, num_images=0),
-        GaussianStatistics(mu=mu2, sigma=q @ np.diag(s2) @ q.T, num_images=0),
-    )
-    assert rotated == pytest.approx(expected, rel=1e-8)
 
 
 def test_fid_of_gaussian_samples_approaches_the_closed_form() -> None:
@@ -125,7 +192,7 @@ def test_fid_of_gaussian_samples_approaches_the_closed_form() -> None:
     n = 200_000
     x = mu1 + rng.normal(size=(n, 3)) * np.sqrt(s1)
     y = mu2 + rng.normal(size=(n, 3)) * np.sqrt(s2)
-    fid = frechet_distance(feature_statistics(x), feature_statistics(y))
+    fid = frechet_distance(x, y)
     assert fid == pytest.approx(closed_form_fid(mu1, s1, mu2, s2), rel=0.02)
 
 
@@ -222,7 +289,7 @@ def test_reference_features_are_cached_once_and_reused(
     assert not [p.name for p in cache.parent.iterdir() if p.name.startswith(".")]  # temporaries
     written = cache.stat().st_mtime_ns
 
-    with caplog.at_level(logging.INFO, logger="raydiff.evaluate.fid"):
+    with caplog.at_level(logging.INFO, logger="raydiff.evaluate.reference_cache"):
         second = compute_fid(**kwargs, extractor=extractor, kid_subsets=2)
     assert extractor.num_images == 24  # only the samples again
     assert second == first and cache.stat().st_mtime_ns == written
@@ -265,8 +332,8 @@ def test_missing_weights_name_the_file_the_url_and_where_to_put_it(
 def test_torch_fidelity_inception_loads_a_local_file_and_never_downloads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """torch-fidelity's own network, imported without torchvision, from a random-weight file."""
-    module = fid_module._torch_fidelity_inception_module()
+    """torch-fidelity's own network, from a zero-weight file with the real keys and shapes."""
+    module = import_torch_fidelity().feature_extractor_inceptionv3
     assert module.URL_INCEPTION_V3 == INCEPTION_WEIGHTS_URL
     assert INCEPTION_WEIGHTS_URL.endswith("/" + INCEPTION_WEIGHTS_FILE)
 
