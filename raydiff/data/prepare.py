@@ -81,7 +81,6 @@ class PrepareOptions:
         "--channels",
         default=None,
         choices=(1, 3),
-        type=int,
         help="1 (grey) or 3 (RGB); default: 1 for grey IDX/.npz sources, else 3",
     )
     fit: Fit = flag(
