@@ -20,9 +20,10 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from raydiff.data.sources import (
     open_source,
 )
 from raydiff.errors import ConfigError, UserInputError
+from raydiff.flags import flag
 
 logger = logging.getLogger(__name__)
 
@@ -58,44 +60,97 @@ _CHUNK_IMAGES = 256
 
 @dataclass(kw_only=True)
 class PrepareOptions:
-    """Everything ``prepare_dataset`` needs; the CLI flags map one to one onto these fields."""
+    """Everything ``prepare_dataset`` needs; each field with a flag is an option of ``raydiff
+    prepare`` (its help says what the field means)."""
 
-    source: str
-    """Image folder, IDX images file or folder, .npz file, or an embedded name (fashion-mnist)."""
-    out: str
-    """Local folder to create (upload it to object storage afterwards if needed)."""
-    image_size: int | None = None
-    """Side of the stored square images; None: 32 for fashion-mnist, else 64."""
-    channels: int | None = None
-    """1 or 3; None: 1 for grey array sources (IDX, grey .npz), else 3."""
-    fit: Fit = "resize"
-    """resize: improved-diffusion's rule (BOX halving, BICUBIC, centre crop); pad: centre pad."""
-    labels: LabelRule = "auto"
-    """Label rule: auto|prefix|folder|none (see ``open_source``)."""
-    val_count: int = 1000
-    """Images held out of train as the val split (capped at 10% of train); 0 for none."""
-    val_fraction: float | None = None
-    """Fraction of train held out as val; overrides val_count when set."""
-    seed: int = 0
-    """Seed of the val selection and of the row order inside the shards."""
-    max_bad_fraction: float = 0.01
-    """Fail when more than this fraction of the images cannot be read."""
-    overwrite: bool = False
-    """Replace an existing dataset at ``out`` (only after the new one is complete)."""
-    num_workers: int = field(default_factory=lambda: os.cpu_count() or 1)
-    """Encoder processes; 1 encodes in this process."""
-    shard_max_rows: int = 4096
-    """Rows per shard at most (more shards: finer per-epoch reordering and parallel reads)."""
-    shard_max_bytes: int = 64 << 20
-    """Bytes of PNG data per shard at most."""
+    section: ClassVar[str] = "prepare"
+    """What a ``ConfigError`` of these options names as its section."""
+
+    source: str = flag(
+        "SOURCE",
+        help="image folder (recursive; jpg jpeg png gif webp bmp), IDX images file or folder, "
+        f".npz (arr_0 NHWC uint8, optional arr_1 labels), or one of: {', '.join(EMBEDDED_SOURCES)}",
+    )
+    out: str = flag("--out", help="folder to create (local path)")
+    image_size: int | None = flag(
+        "--image-size",
+        default=None,
+        help="side of the stored square images (default: 32 for fashion-mnist, else 64)",
+    )
+    channels: int | None = flag(
+        "--channels",
+        default=None,
+        choices=(1, 3),
+        help="1 (grey) or 3 (RGB); default: 1 for grey IDX/.npz sources, else 3",
+    )
+    fit: Fit = flag(
+        "--fit",
+        default="resize",
+        help="resize: improved-diffusion's rule (BOX halving, BICUBIC, centre crop); "
+        "pad: centre-pad smaller images with black (default: %(default)s)",
+    )
+    labels: LabelRule = flag(
+        "--labels",
+        default="auto",
+        help="prefix: file name before the first '_' (improved-diffusion); folder: first "
+        "sub-folder; auto: stored labels of IDX/.npz, none for folders (default: %(default)s)",
+    )
+    val_count: int = flag(
+        "--val-count",
+        default=1000,
+        help="images held out of train as the val split, at most 10%% of train "
+        "(default: %(default)s; 0 for none)",
+    )
+    val_fraction: float | None = flag(
+        "--val-fraction",
+        default=None,
+        help="fraction of train held out as val (overrides --val-count)",
+    )
+    seed: int = flag("--seed", default=0, help="seed of val and row order")
+    max_bad_fraction: float = flag(
+        "--max-bad-fraction",
+        default=0.01,
+        help="fail if more than this fraction of images is unreadable (default: %(default)s)",
+    )
+    overwrite: bool = flag(
+        "--overwrite",
+        default=False,
+        help="replace an existing dataset (only after the new one is complete)",
+    )
+    num_workers: int = flag(
+        "--workers",
+        default_factory=lambda: os.cpu_count() or 1,
+        help="encoder processes; 1 encodes in this process (default: the number of cores, "
+        "%(default)s)",
+    )
+    shard_max_rows: int = flag(
+        "--shard-rows", default=4096, help="rows per shard at most (default: %(default)s)"
+    )
+    shard_max_bytes: int = flag(
+        "--shard-mb",
+        default=64 << 20,
+        type=float,
+        from_arg=lambda mib: int(mib * (1 << 20)),
+        arg_default=64.0,
+        shown_as="--shard-mb (in bytes)",
+        help="MiB of PNG data per shard at most (default: %(default)s)",
+    )
     row_group_rows: int = 1024
     """Parquet row-group size inside a shard."""
-    compress_level: int = 1
-    """PNG zlib level, 0-9 (1: fast to write, same decode speed)."""
-    limit: int | None = None
-    """Keep only the first N images of each source split (quick experiments)."""
-    progress: bool = True
-    """Show a progress bar (only when stderr is a terminal)."""
+    compress_level: int = flag(
+        "--compress-level", default=1, help="PNG zlib level 0-9 (default: %(default)s, fast)"
+    )
+    limit: int | None = flag(
+        "--limit", default=None, help="keep only the first N images of each split"
+    )
+    progress: bool = flag(
+        "--quiet",
+        default=True,
+        action="store_true",
+        from_arg=lambda quiet: not quiet,
+        arg_default=False,
+        help="no progress bar, no summary (the bar shows only when stderr is a terminal)",
+    )
 
     def __post_init__(self) -> None:
         def fail(name: str, reason: str) -> ConfigError:

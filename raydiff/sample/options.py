@@ -1,63 +1,121 @@
-"""What ``raydiff sample`` is asked for, checked before anything starts. No Ray here."""
+"""What ``raydiff sample`` is asked for, checked before anything starts. No Ray here.
+
+Each field with a flag is an option of the command (:func:`raydiff.flags.flag`): its help says
+what the field means. A value refused here is a ``ConfigError`` of the field, which the command
+line shows under the flag the user typed.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 from raydiff.config import DiffusionConfig, ExperimentConfig
-from raydiff.errors import UserInputError
+from raydiff.errors import ConfigError, UserInputError
+from raydiff.flags import flag
 
 
 @dataclass(kw_only=True)
-class SampleOptions:
+class ModelSource:
+    """The model a command loads (``raydiff sample``, ``raydiff evaluate bpd``): a raydiff
+    checkpoint and its weights, or a published .pt with its flags."""
+
+    checkpoint: str = flag(
+        "--checkpoint",
+        help="a raydiff checkpoint_NNNNNN folder, or a published improved-/guided-diffusion .pt "
+        "(with --model-flags or --config); a local path or a URI",
+    )
+    weights: str | None = flag(
+        "--weights",
+        default=None,
+        help="raydiff checkpoints: 'model' or 'ema_RATE' (default: the first EMA rate)",
+    )
+    model_flags: str | None = flag(
+        "--model-flags",
+        default=None,
+        help="a .pt's model and diffusion flags in improved-diffusion's syntax, e.g. "
+        '"--image_size 64 --num_channels 128 --learn_sigma True"',
+    )
+    config_file: str | None = flag(
+        "--config", default=None, help="or a training config file describing a .pt's model"
+    )
+
+
+def _class_labels(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(c) for c in text.split(",") if c.strip())
+    except ValueError:
+        raise ValueError("expected integers like '1,5'") from None
+
+
+@dataclass(kw_only=True)
+class SampleOptions(ModelSource):
     """What ``raydiff sample`` was asked for (validated on construction)."""
 
-    checkpoint: str
-    """A raydiff checkpoint_NNNNNN folder or a published .pt state dict (a path or a URI)."""
-    num_samples: int
-    """Images to generate."""
-    out: str
-    """Folder for the npz, the PNGs and the grid (new or empty; a local path or a URI)."""
-    weights: str | None = None
-    """raydiff checkpoints: ``model`` or ``ema_RATE`` (default: the first EMA rate)."""
-    model_flags: str | None = None
-    """A published .pt's flags in improved-diffusion's syntax."""
-    config_file: str | None = None
-    """Or a training config describing a published .pt's model."""
-    timestep_respacing: str = ""
-    """Sample on these steps ('250', 'ddim50'; default: the model's own)."""
-    use_ddim: bool = False
-    """DDIM instead of ancestral sampling."""
-    eta: float = 0.0
-    """DDIM's eta (0: deterministic given the starting noise)."""
-    clip_denoised: bool = True
-    """Clip the predicted x_0 to [-1, 1] at every step."""
-    class_labels: tuple[int, ...] = ()
-    """Class-conditional models: labels in turn (default: drawn from the seed)."""
-    batch_size: int = 16
-    """Samples per batch (the unit of work a worker takes)."""
-    num_workers: int = 1
-    """Ray sampler actors."""
-    use_gpu: bool = False
-    """One GPU per worker."""
-    seed: int = 0
-    """Sample i depends only on (seed, i)."""
-    classifier: str | None = None
-    """A guided-diffusion classifier .pt for classifier guidance."""
-    classifier_flags: str | None = None
-    """Its ``classifier_*`` flags in guided-diffusion's syntax (default: its defaults)."""
-    classifier_scale: float = 1.0
-    """Guidance scale s: the gradient of log p(y | x_t) is multiplied by it."""
+    section: ClassVar[str] = "sample"
+    """What a ``ConfigError`` of these options names as its section."""
+
+    num_samples: int = flag("--num-samples", help="images to generate")
+    out: str = flag("--out", help="output folder, new or empty: a local path or a URI (s3://...)")
+    timestep_respacing: str = flag(
+        "--timestep-respacing",
+        default="",
+        help="sample on these steps: '250', 'ddim50', '10,15,20' (default: all of the model's)",
+    )
+    use_ddim: bool = flag("--use-ddim", default=False, help="DDIM instead of ancestral sampling")
+    eta: float = flag(
+        "--eta", default=0.0, help="DDIM eta (0: deterministic given the starting noise)"
+    )
+    clip_denoised: bool = flag(
+        "--clip-denoised",
+        default=True,
+        help="clip the predicted x_0 to [-1, 1] at every step (default: on)",
+    )
+    class_labels: tuple[int, ...] = flag(
+        "--class-labels",
+        default=(),
+        from_arg=_class_labels,
+        arg_default="",
+        help="class-conditional models: labels used in turn, e.g. '1,5' (default: random per "
+        "sample, from the seed)",
+    )
+    batch_size: int = flag(
+        "--batch-size",
+        default=16,
+        help="samples per batch, the unit of work a worker takes (default: %(default)s)",
+    )
+    num_workers: int = flag(
+        "--num-workers", default=1, help="Ray sampler actors (default: %(default)s)"
+    )
+    use_gpu: bool = flag("--use-gpu", default=False, help="one GPU per worker")
+    seed: int = flag(
+        "--seed", default=0, help="sample i depends only on (seed, i) (default: %(default)s)"
+    )
+    classifier: str | None = flag(
+        "--classifier",
+        default=None,
+        help="classifier guidance: a guided-diffusion classifier .pt (noisy-image classifier)",
+    )
+    classifier_flags: str | None = flag(
+        "--classifier-flags",
+        default=None,
+        help="its flags in guided-diffusion's syntax, e.g. '--classifier_width 128 "
+        "--classifier_depth 2 --classifier_attention_resolutions 32,16,8' (default: "
+        "guided-diffusion's defaults; image size and classes follow the model)",
+    )
+    classifier_scale: float = flag(
+        "--classifier-scale",
+        default=1.0,
+        help="guidance scale s: multiplies grad log p(y | x_t) (default: %(default)s)",
+    )
 
     def __post_init__(self) -> None:
         for name in ("num_samples", "batch_size", "num_workers"):
             if getattr(self, name) < 1:
-                raise UserInputError(
-                    f"--{name.replace('_', '-')} {getattr(self, name)} is invalid: must be >= 1"
-                )
+                raise self._invalid(name, "must be >= 1")
         if self.eta < 0:
-            raise UserInputError(f"--eta {self.eta} is invalid: must be >= 0")
+            raise self._invalid("eta", "must be >= 0")
         if self.eta and not self.use_ddim:
             raise UserInputError("--eta applies to DDIM sampling: add --use-ddim")
         if not self.classifier and (self.classifier_flags or self.classifier_scale != 1.0):
@@ -66,11 +124,14 @@ class SampleOptions:
                 "--classifier PATH"
             )
         if self.classifier_scale < 0:
-            raise UserInputError(
-                f"--classifier-scale {self.classifier_scale} is invalid: must be >= 0"
-            )
+            raise self._invalid("classifier_scale", "must be >= 0")
         if self.seed < 0:
-            raise UserInputError(f"--seed {self.seed} is invalid: must be >= 0")
+            raise self._invalid("seed", "must be >= 0")
+
+    def _invalid(self, name: str, reason: str) -> ConfigError:
+        return ConfigError(
+            section=self.section, field=name, value=getattr(self, name), reason=reason
+        )
 
 
 def sampling_diffusion_config(config: ExperimentConfig, options: SampleOptions) -> DiffusionConfig:

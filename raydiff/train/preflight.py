@@ -8,17 +8,54 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raydiff.config import ExperimentConfig, apply_overrides, to_dict
+from raydiff.config import (
+    ExperimentConfig,
+    ModelConfig,
+    apply_overrides,
+    coerce,
+    from_dict,
+    to_dict,
+)
 from raydiff.data.manifest import Manifest, check_compatible
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.storage import RemotePath, as_location
 from raydiff.train.checkpoint import read_progress, require_checkpoint_dir, resume_point
 
 logger = logging.getLogger(__name__)
+
+
+def config_for_data(data: Mapping[str, Any], manifest: Manifest | None) -> ExperimentConfig:
+    """The config built from ``data`` (:func:`~raydiff.config.read_config`'s mapping), refused
+    first for an image size unlike ``manifest``'s (when the dataset exists).
+
+    The model's own checks would otherwise speak first and name a consequence of the size (an
+    attention resolution or a channel_mult entry it lacks), not the size and the one that fits.
+    """
+    model = data.get("model") or {}
+    if manifest is not None and isinstance(model, Mapping):  # not a mapping: from_dict says so
+        size = model.get("image_size", ModelConfig.image_size)
+        check_image_size(coerce(size, int, section="model", name="image_size"), manifest)
+    return from_dict(ExperimentConfig, data)
+
+
+def check_image_size(image_size: int, manifest: Manifest) -> None:
+    """A model of ``image_size`` pixels cannot train on ``manifest``'s images of another size:
+    a ConfigError naming ``model.image_size`` and the size that fits (the size shapes the whole
+    UNet, so nothing adapts it)."""
+    if manifest.image_size != image_size:
+        raise ConfigError(
+            section="model",
+            field="image_size",
+            value=image_size,
+            reason=f"the dataset {manifest.root} holds {manifest.image_size}x"
+            f"{manifest.image_size} images: train at their size with --set image_size="
+            f"{manifest.image_size}, or prepare the data again with --image-size {image_size}",
+        )
 
 
 def fit_to_data(
@@ -32,16 +69,7 @@ def fit_to_data(
     image size shapes the whole UNet, so a mismatch is an error that names both ways out.
     """
     model = config.model
-    if manifest.image_size != model.image_size:
-        raise ConfigError(
-            section="model",
-            field="image_size",
-            value=model.image_size,
-            reason=f"the dataset {manifest.root} holds {manifest.image_size}x"
-            f"{manifest.image_size} images: train at their size with --set image_size="
-            f"{manifest.image_size}, or prepare the data again with --image-size "
-            f"{model.image_size}",
-        )
+    check_image_size(model.image_size, manifest)
     if manifest.channels != model.in_channels:
         if keep_channels:
             raise ConfigError(

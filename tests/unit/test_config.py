@@ -3,11 +3,14 @@
 import pytest
 
 from raydiff.config import (
+    DataConfig,
     DiffusionConfig,
     ExperimentConfig,
     ModelConfig,
+    TrainConfig,
     apply_overrides,
     config_from_flags,
+    derive_sections,
     from_dict,
     load_config,
     to_dict,
@@ -125,6 +128,26 @@ def test_use_fp16_means_fp16_training():
     assert apply_overrides(ExperimentConfig(), ["use_fp16=True"]).train.precision == "fp16"
     with pytest.raises(ValueError, match=r"use_fp16=True .* train\.precision='bf16'"):
         apply_overrides(ExperimentConfig(), ["use_fp16=True", "precision=bf16"])
+
+
+def test_no_section_changes_another():
+    """Derived fields are filled in by one step (derive_sections) when a config is built from a
+    mapping; ExperimentConfig itself only checks that its sections agree."""
+    model, train, data = ModelConfig(use_fp16=True, image_size=32), TrainConfig(), DataConfig()
+    with pytest.raises(ConfigError, match=r"data\.image_size=64 is invalid: it contradicts"):
+        ExperimentConfig(model=model, train=train, data=data)
+    with pytest.raises(ConfigError, match=r"use_fp16=True .* train\.precision='fp32'"):
+        ExperimentConfig(model=ModelConfig(use_fp16=True), train=train)
+    assert train.precision == "fp32" and data.image_size == 64  # nothing was changed
+    sections = {name: getattr(ExperimentConfig(), name) for name in DATA_SECTIONS}
+    sections["model"] = model
+    derived = derive_sections(sections, {})
+    assert derived["train"].precision == "fp16" and derived["data"].image_size == 32
+    assert sections["train"].precision == "fp32" and sections["data"].image_size == 64
+    assert ExperimentConfig(**derived).model is model
+
+
+DATA_SECTIONS = ("model", "diffusion", "optim", "train", "data", "scaling", "evaluation")
 
 
 def test_cross_section_limits():

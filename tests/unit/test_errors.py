@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import pickle
 import subprocess
 import sys
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import raydiff.data.prepare
-from raydiff.cli import main, render_error
+from raydiff.cli import build_parser, main, render_error
 from raydiff.errors import ConfigError, UserInputError
 
 
@@ -81,15 +81,57 @@ def test_cli_lets_a_bug_propagate_with_its_traceback(
 
 def test_train_errors_name_the_flag_only_when_the_flag_set_the_field() -> None:
     error = ConfigError(section="train", field="max_steps", value=0, reason="must be >= 1")
-    typed = argparse.Namespace(command="train", max_steps=0, num_workers=None, data=None)
+    typed = build_parser().parse_args(["train", "--max-steps", "0", "--num-workers", "0"])
     assert render_error(error, typed) == "--max-steps 0 is invalid: must be >= 1"
-    by_set = argparse.Namespace(command="train", max_steps=None, num_workers=None, data=None)
+    by_set = build_parser().parse_args(["train", "--set", "max_steps=0"])
     assert render_error(error, by_set) == "train.max_steps=0 is invalid: must be >= 1"
     workers = ConfigError(section="scaling", field="num_workers", value=0, reason="must be >= 1")
-    typed.num_workers = 0
     assert render_error(workers, typed) == "--num-workers 0 is invalid: must be >= 1"
+    sweep = build_parser().parse_args(["sweep", "--num-workers", "0"])
+    assert render_error(workers, sweep) == "--num-workers 0 is invalid: must be >= 1"
     other = ConfigError(section="model", field="image_size", value=30, reason="r")
     assert render_error(other, typed) == str(other)
     assert render_error(UserInputError("unknown config field 'x'"), typed) == (
         "unknown config field 'x'"
     )
+
+
+def test_an_options_error_names_the_flag_declared_on_its_field() -> None:
+    """The flag comes from the option's dataclass field, as the user typed it (a positional's
+    metavar, a flag that converts its value says so); a field of the same name in another
+    section is not the option's."""
+    prepare = build_parser().parse_args(["prepare", "x", "--out", "y", "--shard-mb", "0"])
+    for field, shown in [
+        ("num_workers", "--workers"),
+        ("source", "SOURCE"),
+        ("shard_max_bytes", "--shard-mb (in bytes)"),
+    ]:
+        error = ConfigError(section="prepare", field=field, value=0, reason="r")
+        assert render_error(error, prepare) == f"{shown} 0 is invalid: r"
+    args = ["sample", "--checkpoint", "c", "--num-samples", "1", "--out", "o"]
+    sample = build_parser().parse_args(args)
+    seed = ConfigError(section="sample", field="seed", value=-1, reason="must be >= 0")
+    assert render_error(seed, sample) == "--seed -1 is invalid: must be >= 0"
+    config_seed = ConfigError(section="train", field="seed", value=-1, reason="must be >= 0")
+    assert render_error(config_seed, sample) == str(config_seed)
+
+
+def test_every_option_of_every_command_is_a_field_of_its_options() -> None:
+    """Each option is declared once: on a dataclass field whose metadata holds its flag and help
+    (only --help, --verbose and --address, where a command runs, are the parser's own)."""
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # argparse keeps no public list
+    parsers = dict(commands)
+    evaluate = commands["evaluate"]._subparsers._group_actions[0].choices
+    parsers.update({f"evaluate {name}": sub for name, sub in evaluate.items()})
+    del parsers["evaluate"]
+    assert set(parsers) == {"prepare", "train", "sweep", "sample", "evaluate bpd", "evaluate fid"}
+    for name, sub in parsers.items():
+        options_type = sub.get_default("options_type")
+        fields = {f.name: f for f in dataclasses.fields(options_type)}
+        for action in sub._actions:
+            if action.dest in ("help", "address"):
+                continue
+            declared = fields[action.dest].metadata
+            assert declared["help"] == action.help, name
+            assert declared["flag"] in (*action.option_strings, action.metavar), name

@@ -55,8 +55,8 @@ def test_the_check_sees_a_leak() -> None:
     """The helper itself finds a module that is loaded (so the checks above can fail), also in
     a later step."""
     assert loaded_after(
-        ("import json", ("raydiff.config",)), ("import raydiff.config", ("raydiff.config",))
-    ) == [[], ["raydiff.config"]]
+        ("import json", ("raydiff.errors",)), ("import raydiff.errors", ("raydiff.errors",))
+    ) == [[], ["raydiff.errors"]]
 
 
 def test_what_a_runs_controller_and_a_sweep_trial_load_imports_no_torch() -> None:

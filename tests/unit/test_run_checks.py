@@ -9,7 +9,7 @@ import pytest
 from tiny_model import tiny_model
 
 from raydiff.cli import main
-from raydiff.config import ExperimentConfig, apply_overrides, to_dict
+from raydiff.config import ExperimentConfig, apply_overrides, load_config, to_dict
 from raydiff.data import PrepareOptions, prepare_dataset
 from raydiff.data.manifest import load_manifest
 from raydiff.errors import ConfigError
@@ -264,3 +264,33 @@ def test_the_cli_trains_a_preset_on_data_with_other_channels(dataset, tmp_path, 
         assert main(argv) == 0
     assert "1-channel images: model.in_channels=1 (the config had 3)" in caplog.text
     assert main([*argv, "--set", "in_channels=3"]) == 1
+
+
+def test_the_cli_refuses_an_image_size_unlike_the_datas_naming_the_size_that_fits(tmp_path, capsys):
+    """`--set model.image_size=64` on 32-pixel data: the demo's model at 64 pixels has no 8x8
+    level for its attention, but the mistake is the size, so the error names image_size and
+    the size that fits the data, before the model's own checks speak."""
+    images = np.random.default_rng(1).integers(0, 256, (12, 32, 32), np.uint8)
+    np.savez(tmp_path / "small.npz", images)
+    data = tmp_path / "data32"
+    prepare_dataset(
+        PrepareOptions(
+            source=str(tmp_path / "small.npz"),
+            out=str(data),
+            image_size=32,
+            val_count=2,
+            num_workers=1,
+            progress=False,
+        )
+    )
+    with pytest.raises(ConfigError, match=r"model\.attention_resolutions='8'"):
+        load_config("demo", ["model.image_size=64"])  # without the data: the consequence
+    argv = ["train", "--set", "model.image_size=64", "--data", str(data)]
+    assert main([*argv, "--output", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("raydiff train: error: model.image_size=64 is invalid: the dataset")
+    assert "32x32 images: train at their size with --set image_size=32" in err
+    assert "attention_resolutions" not in err and not (tmp_path / "run").exists()
+    # The same size given bare reaches the same check.
+    assert main(["train", "--set", "image_size=64", "--data", str(data), "--output", "r"]) == 1
+    assert "--set image_size=32" in capsys.readouterr().err

@@ -1,0 +1,137 @@
+"""``argparse`` arguments built from option dataclasses, and the options built back from them.
+
+Each option is declared once, on its dataclass field (:func:`raydiff.flags.flag`): its flag, its
+help, and its type from the field's type hint. :func:`add_options` adds a dataclass's flags to a
+parser, :func:`options_from_args` builds the dataclass from the parsed arguments (the dataclass
+validates itself), and :func:`flag_of` finds the flag behind a refused value, so the error names
+what the user typed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+from raydiff.errors import ConfigError
+from raydiff.flags import MISSING
+
+OptionsT = TypeVar("OptionsT")
+
+
+def add_options(parser: argparse.ArgumentParser, options_type: type) -> None:
+    """Add an argument for every field of ``options_type`` that declares a flag; the parsed
+    arguments remember ``options_type`` (as ``options_type``) for :func:`flag_of`."""
+    hints = typing.get_type_hints(options_type)
+    for f in _flag_fields(options_type):
+        meta = f.metadata
+        kwargs: dict[str, Any] = {"help": meta["help"], **meta["argparse"]}
+        default = _argument_default(f)
+        if meta["from_arg"] is None and not {"action", "type"} & set(kwargs):
+            for key, value in _kind_of(_without_none(hints[f.name]), default).items():
+                kwargs.setdefault(key, value)
+        if not meta["flag"].startswith("-"):  # positional: required, shown as its metavar
+            parser.add_argument(f.name, metavar=meta["flag"], **kwargs)
+            continue
+        if kwargs.get("action") in (None, "append") and "choices" not in kwargs:  # a value
+            kwargs.setdefault("metavar", meta["flag"].lstrip("-").replace("-", "_").upper())
+        if default is MISSING:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = default
+        parser.add_argument(meta["flag"], dest=f.name, **kwargs)
+    parser.set_defaults(options_type=options_type)
+
+
+def options_from_args(options_type: type[OptionsT], args: argparse.Namespace) -> OptionsT:
+    """``options_type`` built from the parsed arguments of its flags (other fields keep their
+    defaults); a ``from_arg`` conversion that fails is a :class:`ConfigError` of that field."""
+    kwargs = {}
+    for f in _flag_fields(options_type):
+        value = getattr(args, f.name)
+        convert = f.metadata["from_arg"]
+        if convert is not None:
+            try:
+                value = convert(value)
+            except ValueError as err:
+                section = getattr(options_type, "section", options_type.__name__)
+                raise ConfigError(
+                    section=section, field=f.name, value=value, reason=str(err)
+                ) from None
+        kwargs[f.name] = value
+    return options_type(**kwargs)
+
+
+def flag_of(error: ConfigError, args: argparse.Namespace) -> str | None:
+    """The flag that gave the value ``error`` refuses, or None (a config file or ``--set`` gave
+    it, or it is no option of this command): a field of the command's options (the options'
+    ``section``), or a config field that one of its flags ``sets`` when the user typed that flag."""
+    options_type = getattr(args, "options_type", None)
+    if options_type is None:
+        return None
+    own = error.section == getattr(options_type, "section", None)
+    for f in _flag_fields(options_type):
+        meta = f.metadata
+        if own and f.name == error.field:
+            return meta["shown_as"]
+        value = getattr(args, f.name, None)
+        typed = value is not None and value is not False  # 0 is a value the user typed
+        if meta["sets"] == f"{error.section}.{error.field}" and typed:
+            return meta["flag"]
+    return None
+
+
+def set_by_flags(options: Any) -> list[str]:
+    """``--set`` items for the options' flags that set a config field (``sets``) and were given:
+    ``--max-steps 20`` is ``train.max_steps=20``."""
+    items = []
+    for f in _flag_fields(type(options)):
+        value = getattr(options, f.name)
+        if f.metadata["sets"] and value is not None and value is not False:
+            shown = str(value).lower() if isinstance(value, bool) else value
+            items.append(f"{f.metadata['sets']}={shown}")
+    return items
+
+
+def add_address_argument(parser: argparse.ArgumentParser) -> None:
+    """``--address``, the Ray cluster to run on (train, sweep, sample, evaluate bpd): where a
+    command runs, not what it computes, so no options dataclass holds it."""
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster to run on: 'auto' (the one `ray start` runs on this machine), "
+        "HOST:PORT or ray://HOST:PORT (default: $RAY_ADDRESS, else a new local instance)",
+    )
+
+
+def _flag_fields(options_type: type) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(options_type) if "flag" in f.metadata]
+
+
+def _argument_default(f: dataclasses.Field[Any]) -> Any:
+    if f.metadata["arg_default"] is not MISSING:
+        return f.metadata["arg_default"]
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def _without_none(hint: Any) -> Any:
+    """``X`` of an optional ``X | None``."""
+    if get_origin(hint) in (typing.Union, types.UnionType):
+        return next(arg for arg in get_args(hint) if arg is not type(None))
+    return hint
+
+
+def _kind_of(hint: Any, default: Any) -> dict[str, Any]:
+    """The ``add_argument`` keywords a field's type implies: a switch for a bool (``--no-X``
+    too when it defaults to on), the choices of a ``Literal``, ``type`` for numbers."""
+    if hint is bool:
+        return {"action": argparse.BooleanOptionalAction if default is True else "store_true"}
+    if get_origin(hint) is Literal:
+        return {"choices": get_args(hint)}
+    if hint in (int, float):
+        return {"type": hint}
+    return {}

@@ -1,0 +1,77 @@
+"""``raydiff evaluate bpd|fid`` (``python jobs/evaluate.py``): the full variational bound in
+bits/dim over a split, or FID/KID of samples. Their options are
+:class:`~raydiff.evaluate.options.BpdOptions`' and :class:`~raydiff.evaluate.options.FidOptions`'
+flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from raydiff.cli.arguments import add_address_argument, add_options, options_from_args
+
+HELP = "evaluate a checkpoint: bits/dim over a split, FID/KID of samples"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One sub-command per metric, with the flags of its options."""
+    from raydiff.evaluate.options import BpdOptions, FidOptions
+
+    metrics = parser.add_subparsers(dest="metric", required=True, metavar="METRIC")
+    bpd = metrics.add_parser(
+        "bpd",
+        help="the full variational bound in bits/dim over a split (calc_bpd_loop on Ray workers)",
+        description="The full variational bound (IDDPM eq. 5) in bits/dim, every term of it, "
+        "over a split of the dataset, images spread over Ray workers. Results: JSON (printed), "
+        "per-image terms (npz), and the run's TensorBoard for a run's checkpoint.",
+    )
+    add_options(bpd, BpdOptions)
+    add_address_argument(bpd)
+    fid = metrics.add_parser(
+        "fid",
+        help="FID and KID of samples against a reference (Inception weights from a local file)",
+        description="FID and KID between samples (a `raydiff sample` folder or npz, or an image "
+        "folder) and a reference (a prepared dataset's split, an npz or an image folder), with "
+        "the standard FID Inception network (torch-fidelity's) read from a local weights file. "
+        "A prepared dataset's reference features are cached next to it.",
+    )
+    add_options(fid, FidOptions)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``raydiff evaluate bpd`` / ``fid``: compute, print the JSON, say where it went."""
+    return {"bpd": run_bpd, "fid": run_fid}[args.metric](args)
+
+
+def run_bpd(args: argparse.Namespace) -> int:
+    """The bound over a split on Ray workers; the summary, printed."""
+    from raydiff.evaluate.options import BpdOptions
+    from raydiff.orchestrate.evaluation import run_bpd as evaluate_bpd
+
+    result = evaluate_bpd(options_from_args(BpdOptions, args), address=args.address)
+    summary = result.summary
+    print(json.dumps(summary, indent=2))
+    print(
+        f"{summary['split']}: {summary['bpd']:.4f} +- {summary['bpd_stderr']:.4f} bits/dim "
+        f"({summary['num_images']} images, {result.seconds:.0f} s)"
+    )
+    print(f"results: {result.json_path}")
+    print(f"terms:   {result.terms_path}")
+    if result.tensorboard_run is not None:
+        print(f"tensorboard: tensorboard --logdir {result.tensorboard_run / 'tensorboard'}")
+    return 0
+
+
+def run_fid(args: argparse.Namespace) -> int:
+    """FID and KID in this process; the summary, printed."""
+    from raydiff.evaluate.options import FidOptions
+    from raydiff.orchestrate.evaluation import run_fid as evaluate_fid
+
+    options = options_from_args(FidOptions, args)
+    result = evaluate_fid(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
+    print(json.dumps(result.summary, indent=2))
+    print(f"results: {result.json_path}")
+    if result.tensorboard_run is not None:
+        print(f"tensorboard: tensorboard --logdir {result.tensorboard_run / 'tensorboard'}")
+    return 0

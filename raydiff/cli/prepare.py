@@ -1,0 +1,53 @@
+"""``raydiff prepare`` (``python jobs/prepare.py``): an image collection -> Parquet shards +
+manifest.json. Its options are :class:`~raydiff.data.prepare.PrepareOptions`' flags."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+
+from raydiff.cli.arguments import add_options, options_from_args
+
+HELP = "turn an image collection into Parquet shards + manifest.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of :class:`~raydiff.data.prepare.PrepareOptions`."""
+    from raydiff.data.prepare import PrepareOptions
+
+    add_options(parser, PrepareOptions)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build ``PrepareOptions`` from the arguments and run prepare (an invalid option raises a
+    ConfigError that names its flag)."""
+    from raydiff.data.prepare import PrepareOptions, prepare_dataset
+
+    options = options_from_args(PrepareOptions, args)
+    if not options.progress and not args.verbose:  # --quiet: warnings only
+        logging.getLogger().setLevel(logging.WARNING)
+    with TerminateAsExit():
+        summary = prepare_dataset(options)
+    if options.progress:
+        print(summary.format())
+    return 0
+
+
+class TerminateAsExit:
+    """Turn SIGTERM into SystemExit while active, so ``finally`` blocks clean up temp output."""
+
+    def __enter__(self) -> None:
+        self._previous = None
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._raise)
+        except ValueError:  # not the main thread: leave signals alone
+            self._previous = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    @staticmethod
+    def _raise(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)

@@ -1,0 +1,193 @@
+"""``raydiff train`` (``python jobs/train.py``): build the config, check it, prepare the embedded
+dataset if needed, and train on Ray (or in this process with ``--single-process``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from raydiff.cli.arguments import (
+    add_address_argument,
+    add_options,
+    options_from_args,
+    set_by_flags,
+)
+from raydiff.errors import UserInputError
+from raydiff.flags import flag
+
+if TYPE_CHECKING:
+    from raydiff.config import ExperimentConfig
+    from raydiff.data.manifest import Manifest
+
+logger = logging.getLogger(__name__)
+
+HELP = "train a diffusion model (default: the Fashion-MNIST demo)"
+
+DEFAULT_CONFIG = "demo"  # a preset name: raydiff/configs/demo.yaml (configs/demo.yaml)
+DEFAULT_DATA = "data/fashion-mnist"
+
+
+@dataclass(kw_only=True)
+class TrainOptions:
+    """What ``raydiff train`` was asked for: a config (a file or preset, ``--set`` overrides and
+    the flags that set one field each) and where the run goes."""
+
+    config: str = flag(
+        "--config",
+        default=DEFAULT_CONFIG,
+        help="YAML config file, or a preset's name (demo, cifar10_hybrid, cifar10_vlb, "
+        "imagenet64_hybrid, imagenet64_cond; configs/NAME.yaml) (default: demo, the "
+        "Fashion-MNIST demo)",
+    )
+    overrides: list[str] = flag(
+        "--set",
+        default_factory=list,
+        action="append",
+        metavar="FIELD=VALUE",
+        help="override a config field: section.field=value, or a unique improved-diffusion "
+        "flag name (noise_schedule=cosine); repeatable",
+    )
+    data: str | None = flag(
+        "--data",
+        default=None,
+        sets="data.data_dir",
+        help="prepared dataset (folder or URI with manifest.json); sets data.data_dir (default: "
+        f"the config's data.data_dir; {DEFAULT_DATA}, the demo's, is prepared from "
+        "fashion-mnist when missing)",
+    )
+    output: str = flag(
+        "--output",
+        default="runs/demo",
+        help="run folder: a local path or a URI pyarrow reads, e.g. s3://bucket/prefix/run (S3 "
+        "from the standard AWS_* variables, AWS_ENDPOINT_URL included) (default: %(default)s)",
+    )
+    max_steps: int | None = flag(
+        "--max-steps", default=None, sets="train.max_steps", help="sets train.max_steps"
+    )
+    num_workers: int | None = flag(
+        "--num-workers",
+        default=None,
+        sets="scaling.num_workers",
+        help="sets scaling.num_workers (Ray Train workers)",
+    )
+    single_process: bool = flag(
+        "--single-process",
+        default=False,
+        help="train in this process without Ray (debugging; one worker, in-memory data)",
+    )
+    resume: str | None = flag(
+        "--resume",
+        default=None,
+        help="checkpoint folder (or URI) to continue from (default: the newest under --output)",
+    )
+    evaluate_checkpoints: bool = flag(
+        "--evaluate-checkpoints",
+        default=False,
+        sets="evaluation.every_checkpoint",
+        help="evaluate every checkpoint on a Ray actor while training goes on (samples, "
+        "bits/dim on val images, FID with evaluation.inception); sets "
+        "evaluation.every_checkpoint",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of :class:`TrainOptions` and ``--address``."""
+    add_options(parser, TrainOptions)
+    add_address_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the config, check it, prepare the embedded dataset if needed, and train."""
+    from raydiff.storage import resolve_location
+
+    options = options_from_args(TrainOptions, args)
+    config, manifest = checked_config(options)
+    output = resolve_location(options.output)  # an absolute local path, or a URI (s3://, gs://)
+    if options.single_process:
+        from raydiff.train.local import run_single_process
+
+        result = run_single_process(
+            config, output_dir=output, resume=options.resume or None, manifest=manifest
+        )
+    else:
+        from raydiff.orchestrate.trainer import run_training_job
+
+        result = run_training_job(
+            config,
+            output_dir=output,
+            resume=options.resume,
+            manifest=manifest,
+            address=args.address,
+        )
+    print(f"final metrics: {format_metrics(result)}")
+    if "evaluation" in result:
+        evaluation = result["evaluation"]
+        print(f"evaluation:    {format_metrics(evaluation) or evaluation.get('error')}")
+    print(f"run folder:    {output}")
+    print(f"tensorboard:   tensorboard --logdir {output / 'tensorboard'}")
+    return 0
+
+
+def checked_config(options: TrainOptions) -> tuple[ExperimentConfig, Manifest]:
+    """The run's config, fitted to its dataset, and the dataset's manifest (read once for the
+    whole run). Everything the config decides is checked before any side effect: the embedded
+    dataset is prepared only for a config that passed."""
+    from raydiff.config import read_config
+    from raydiff.data.manifest import load_manifest
+    from raydiff.train.preflight import config_for_data, fit_to_data
+
+    overrides = [*options.overrides, *set_by_flags(options)]
+    data = read_config(options.config, overrides)
+    section = data.get("data")
+    data_dir = section.get("data_dir", DEFAULT_DATA) if isinstance(section, Mapping) else ""
+    try:
+        manifest = load_manifest(str(data_dir)) if data_dir else None
+    except FileNotFoundError:  # the demo's is prepared below; any other is refused there
+        manifest = None
+    config = config_for_data(data, manifest)
+    if options.single_process and config.evaluation.every_checkpoint:
+        raise UserInputError(
+            "evaluation.every_checkpoint needs Ray (an evaluation actor beside the training): "
+            "drop --single-process, or evaluate checkpoints afterwards with raydiff evaluate"
+        )
+    # One process trains the whole batch: scaling.num_workers does not apply to it.
+    config.train.per_worker_batch(1 if options.single_process else config.scaling.num_workers)
+    manifest = manifest or manifest_preparing_demo(config.data.data_dir)
+    keep_channels = sets_field(overrides, "in_channels")
+    return fit_to_data(config, manifest, keep_channels=keep_channels), manifest
+
+
+def manifest_preparing_demo(data_dir: str) -> Manifest:
+    """The manifest of the dataset at ``data_dir``; the embedded Fashion-MNIST dataset
+    (``data/fashion-mnist``) is prepared first when it is missing."""
+    from pathlib import Path
+
+    from raydiff.cli.prepare import TerminateAsExit
+    from raydiff.data.manifest import load_manifest
+
+    embedded = "://" not in data_dir and Path(data_dir).resolve() == Path(DEFAULT_DATA).resolve()
+    if embedded and not (Path(data_dir) / "manifest.json").is_file():
+        from raydiff.data.prepare import PrepareOptions, prepare_dataset
+
+        logger.info("preparing the embedded Fashion-MNIST dataset into %s (once)", data_dir)
+        with TerminateAsExit():
+            print(prepare_dataset(PrepareOptions(source="fashion-mnist", out=data_dir)).format())
+    return load_manifest(data_dir)
+
+
+def sets_field(overrides: list[str], name: str) -> bool:
+    """Whether a ``--set`` override names field ``name`` (bare or as section.field)."""
+    return any(item.partition("=")[0].strip().rpartition(".")[2] == name for item in overrides)
+
+
+def format_metrics(metrics: dict[str, Any]) -> str:
+    """The headline metrics of a run or an evaluation on one line."""
+    keys = ("step", "loss", "val_bpd", "val_mse", "images_per_s", "bpd_val", "fid", "kid_mean")
+    return "  ".join(
+        f"{k} {metrics[k]:.4g}" if isinstance(metrics[k], float) else f"{k} {metrics[k]}"
+        for k in keys
+        if k in metrics
+    )

@@ -1,0 +1,81 @@
+"""Typed, validated configuration with improved-diffusion's flag names and defaults.
+
+One concept per module: :mod:`~raydiff.config.sections` (model, diffusion, optim, train, scaling,
+evaluation; the data section is :mod:`raydiff.data.config`), :mod:`~raydiff.config.experiment`
+(the sections of one run and the fields one takes from another),
+:mod:`~raydiff.config.overrides` (dicts, type conversion, ``--set``) and
+:mod:`~raydiff.config.presets` (YAML files and the shipped presets). Every name is importable
+from ``raydiff.config``. Nothing here imports torch or Ray.
+"""
+
+from raydiff.config.experiment import DATA_FIELDS_DERIVED, ExperimentConfig, derive_sections
+from raydiff.config.overrides import (
+    FLAGS_ELSEWHERE,
+    apply_overrides,
+    coerce,
+    config_from_flags,
+    field_type,
+    from_dict,
+    resolve_field,
+    set_fields,
+    to_dict,
+)
+from raydiff.config.presets import (
+    PRESETS_DIR,
+    SWEEP_PREFIX,
+    load_config,
+    preset_names,
+    read_config,
+    resolve_config_path,
+    to_yaml,
+)
+from raydiff.config.sections import (
+    CHANNEL_MULT_BY_IMAGE_SIZE,
+    UNET_ARGUMENT_FIELDS,
+    DiffusionConfig,
+    EvaluationConfig,
+    ModelConfig,
+    NoiseSchedule,
+    OptimConfig,
+    Precision,
+    ScalingConfig,
+    ScheduleSamplerName,
+    TrainConfig,
+    parse_int_list,
+)
+from raydiff.data.config import DataConfig
+
+__all__ = [
+    "CHANNEL_MULT_BY_IMAGE_SIZE",
+    "DATA_FIELDS_DERIVED",
+    "FLAGS_ELSEWHERE",
+    "PRESETS_DIR",
+    "SWEEP_PREFIX",
+    "UNET_ARGUMENT_FIELDS",
+    "DataConfig",
+    "DiffusionConfig",
+    "EvaluationConfig",
+    "ExperimentConfig",
+    "ModelConfig",
+    "NoiseSchedule",
+    "OptimConfig",
+    "Precision",
+    "ScalingConfig",
+    "ScheduleSamplerName",
+    "TrainConfig",
+    "apply_overrides",
+    "coerce",
+    "config_from_flags",
+    "derive_sections",
+    "field_type",
+    "from_dict",
+    "load_config",
+    "parse_int_list",
+    "preset_names",
+    "read_config",
+    "resolve_config_path",
+    "resolve_field",
+    "set_fields",
+    "to_dict",
+    "to_yaml",
+]

@@ -1,0 +1,131 @@
+"""The experiment config: the sections of one run, and what relates them.
+
+Some fields follow another section's: the data pipeline takes the model's image geometry and the
+run's seed (:data:`DATA_FIELDS_DERIVED`), and improved-diffusion's ``use_fp16`` asks for fp16
+training. :func:`derive_sections` is the one step that fills them in, when a config is built from
+a mapping (YAML, ``--set``, a checkpoint's config.json); :class:`ExperimentConfig` itself only
+checks that its sections agree, and never changes one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from raydiff.config.sections import (
+    DiffusionConfig,
+    EvaluationConfig,
+    ModelConfig,
+    OptimConfig,
+    ScalingConfig,
+    TrainConfig,
+    invalid,
+)
+from raydiff.data.config import DataConfig, check_data_field
+from raydiff.errors import ConfigError
+
+DATA_FIELDS_DERIVED = {
+    "image_size": "model.image_size",
+    "channels": "model.in_channels",
+    "class_cond": "model.class_cond",
+    "seed": "train.seed",
+}
+"""DataConfig fields that follow a field of another section."""
+
+
+@dataclass(kw_only=True)
+class ExperimentConfig:
+    """Everything that defines a run: model, diffusion, optimiser and training loop."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The UNet."""
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    """The diffusion process and loss."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimiser, lr schedule and EMA."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Batch, precision, length and intervals."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The prepared dataset and how it is streamed."""
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    """Workers, resources and failure handling on Ray."""
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    """Evaluation of checkpoints during training."""
+
+    def __post_init__(self) -> None:
+        for data_field, source in DATA_FIELDS_DERIVED.items():
+            value = _source_value(vars(self), source)
+            if getattr(self.data, data_field) != value:
+                raise _contradiction(data_field, getattr(self.data, data_field), source, value)
+        if self.model.use_fp16 and self.train.precision != "fp16":
+            raise invalid(
+                "model",
+                "use_fp16",
+                True,
+                f"improved-diffusion's --use_fp16 asks for fp16 training but "
+                f"train.precision={self.train.precision!r}: set one of them",
+            )
+        if self.train.eval_timesteps > self.diffusion.diffusion_steps:
+            raise invalid(
+                "train",
+                "eval_timesteps",
+                self.train.eval_timesteps,
+                f"the bits/dim estimate draws that many distinct timesteps of "
+                f"diffusion.diffusion_steps={self.diffusion.diffusion_steps}; use at most that",
+            )
+        anneal = self.optim.lr_anneal_steps
+        if anneal and self.train.max_steps > anneal:
+            raise invalid(
+                "train",
+                "max_steps",
+                self.train.max_steps,
+                f"runs past optim.lr_anneal_steps={anneal}, where the learning rate has decayed "
+                f"to 0 (improved-diffusion stops training there): set train.max_steps <= {anneal}"
+                f" (or raise lr_anneal_steps)",
+            )
+        if self.evaluation.every_checkpoint:
+            self.evaluation.sampling_diffusion(self.diffusion)  # the respacing fits the steps
+
+
+def derive_sections(sections: Mapping[str, Any], given_data: Mapping[str, Any]) -> dict[str, Any]:
+    """The sections of an :class:`ExperimentConfig` with the fields that follow another section
+    filled in: ``data.image_size`` and the other :data:`DATA_FIELDS_DERIVED`, and
+    ``train.precision=fp16`` for ``model.use_fp16`` when precision was left at fp32 or auto.
+
+    ``sections`` holds every section, built; ``given_data`` is the data section's mapping as
+    given. A derived field given there must agree with its source, or it would be dropped without
+    a word. Returns new sections; those passed in are not modified.
+    """
+    derived = dict(sections)
+    values = {}
+    for data_field, source in DATA_FIELDS_DERIVED.items():
+        value = _source_value(sections, source)
+        given = getattr(sections["data"], data_field)
+        if data_field in given_data and given != value:
+            raise _contradiction(data_field, given, source, value)
+        section, name = source.split(".")
+        # The data section's rule for the value, reported against the field it came from.
+        check_data_field(data_field, value, section=section, field=name)
+        values[data_field] = value
+    derived["data"] = dataclasses.replace(sections["data"], **values)
+    train = sections["train"]
+    if sections["model"].use_fp16 and train.precision in ("fp32", "auto"):
+        derived["train"] = dataclasses.replace(train, precision="fp16")
+    return derived
+
+
+def _source_value(sections: Mapping[str, Any], source: str) -> Any:
+    section, name = source.split(".")
+    return getattr(sections[section], name)
+
+
+def _contradiction(data_field: str, given: Any, source: str, value: Any) -> ConfigError:
+    return invalid(
+        "data",
+        data_field,
+        given,
+        f"it contradicts {source}={value!r}: data.{data_field} follows {source}; set {source} "
+        f"(or leave data.{data_field} out)",
+    )

@@ -1,0 +1,77 @@
+"""Configs as YAML: the shipped presets (``configs/*.yaml``), loading a file or a preset with
+``--set`` overrides, and writing a config back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from raydiff.config.experiment import DATA_FIELDS_DERIVED, ExperimentConfig
+from raydiff.config.overrides import from_dict, set_fields, to_dict
+from raydiff.errors import UserInputError
+
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
+"""The presets shipped with the package (``configs/`` in the repository links here)."""
+
+SWEEP_PREFIX = "sweep_"
+"""Shipped files named ``sweep_*.yaml`` are sweep files (``raydiff sweep``), not presets."""
+
+
+def preset_names() -> list[str]:
+    """Names of the shipped training presets (``demo``, ``cifar10_hybrid``, ...)."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml") if not p.stem.startswith(SWEEP_PREFIX))
+
+
+def resolve_config_path(path_or_preset: str) -> Path:
+    """A YAML file's path, or a shipped preset's by name (``cifar10_hybrid``)."""
+    file = Path(path_or_preset)
+    if file.is_file():
+        return file
+    preset = PRESETS_DIR / f"{path_or_preset.removesuffix('.yaml')}.yaml"
+    if "/" not in path_or_preset and preset.is_file() and preset.stem in preset_names():
+        return preset
+    raise FileNotFoundError(
+        f"config file {path_or_preset!r} does not exist (presets by name: "
+        f"{', '.join(preset_names())})"
+    )
+
+
+def read_config(path: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The nested mapping a config is built from: a YAML file's or preset's fields (or none)
+    with the ``--set`` overrides set, each overridden value converted to its field's type.
+    Unknown fields are refused; the sections are not built (:func:`load_config` builds them)."""
+    import yaml
+
+    data: Any = {}
+    if path is not None:
+        file = resolve_config_path(path)
+        try:
+            data = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as err:
+            detail = " ".join(str(err).split())  # the parser's report spans several lines
+            raise UserInputError(f"config file {str(file)!r} is not valid YAML: {detail}") from None
+    if not isinstance(data, Mapping):
+        raise UserInputError(f"config file {path!r} must hold a mapping of config sections")
+    if "search_space" in data:
+        raise UserInputError(
+            f"{path} is a sweep file (it has a search_space): run it with `raydiff sweep "
+            f"--config {path} --output DIR`"
+        )
+    return set_fields(dict(data), overrides or [])
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """An ``ExperimentConfig`` from a YAML file or preset name (or the defaults) plus ``--set``
+    overrides."""
+    return from_dict(ExperimentConfig, read_config(path, overrides))
+
+
+def to_yaml(config: ExperimentConfig) -> str:
+    """The config as YAML that :func:`load_config` reads back (derived fields left out)."""
+    import yaml
+
+    data = to_dict(config)
+    for data_field in DATA_FIELDS_DERIVED:
+        del data["data"][data_field]
+    return yaml.safe_dump(data, sort_keys=False)
