@@ -66,7 +66,7 @@ def run_bpd(args: argparse.Namespace) -> int:
 def run_fid(args: argparse.Namespace) -> int:
     """FID and KID in this process; the summary, printed."""
     from raydiff.evaluate.options import FidOptions
-    from raydiff.orchestrate.evaluation import run_fid as evaluate_fid
+    from raydiff.evaluate.samples_fid import run_fid as evaluate_fid
 
     options = options_from_args(FidOptions, args)
     result = evaluate_fid(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})

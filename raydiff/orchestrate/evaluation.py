@@ -7,7 +7,7 @@ The driver checks everything first and decodes the split's first ``num_images`` 
 ``(seed, i)`` (:mod:`raydiff.evaluate.bpd`), so the result is the same on 1 or N workers. Each of
 the ``T`` terms costs one model call per image: the demo model (T = 1000) takes ~10 s per image
 per CPU thread here. FID needs no Ray (one Inception pass per side):
-:func:`raydiff.evaluate.samples_fid.run_fid`, which this module re-exports for the CLI.
+:func:`raydiff.evaluate.samples_fid.run_fid`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import numpy as np
 
 from raydiff.evaluate.bpd_job import BpdJob, BpdResult, file_bpd_results, prepare_bpd
 from raydiff.evaluate.options import BpdOptions
-from raydiff.evaluate.samples_fid import FidResult, run_fid
 
-__all__ = ["BpdResult", "FidResult", "run_bpd", "run_fid"]
+__all__ = ["BpdResult", "run_bpd"]
 
 logger = logging.getLogger(__name__)
 

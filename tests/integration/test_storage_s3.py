@@ -185,7 +185,7 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     from tiny_model import TinyFeatures
 
     from raydiff.evaluate import fid
-    from raydiff.orchestrate.evaluation import run_fid
+    from raydiff.evaluate.samples_fid import run_fid
 
     monkeypatch.setattr(fid, "load_inception", lambda path, device="cpu": TinyFeatures())
     scores = run_fid(samples=options.out, reference=None, split="val")
