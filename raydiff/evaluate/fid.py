@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import io
 import logging
 import os
 import pickle
@@ -39,13 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 from PIL import Image
 from tqdm import tqdm
 
-from raydiff.data.manifest import MANIFEST_NAME, Manifest, is_remote, load_manifest
-from raydiff.errors import UserInputError
+from raydiff.data.in_memory import read_split_pixels
+from raydiff.data.manifest import MANIFEST_NAME, is_remote, load_manifest
+from raydiff.errors import UserInputError, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +168,7 @@ def load_inception(
     except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as error:
         raise UserInputError(
             f"{weights} is not a PyTorch state dict ({type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}); expected {INCEPTION_WEIGHTS_FILE} "
+            f"{first_line(error)}); expected {INCEPTION_WEIGHTS_FILE} "
             f"from {INCEPTION_WEIGHTS_URL}"
         ) from error
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
@@ -330,29 +329,7 @@ def _folder_images(path: Path, *, limit: int | None) -> np.ndarray:
 
 def _dataset_images(uri: str, *, split: str, limit: int | None) -> np.ndarray:
     """Decode the PNGs of a prepared split straight to uint8 (no float round trip)."""
-    manifest = load_manifest(uri)
-    _check_split(manifest, split)
-    size, channels = manifest.image_size, manifest.channels
-    pixels: list[np.ndarray] = []
-    for shard in manifest.shard_uris(split):
-        if limit is not None and len(pixels) >= limit:
-            break
-        for png in pq.read_table(shard, columns=["png"]).column("png").to_pylist():
-            if limit is not None and len(pixels) >= limit:
-                break
-            with Image.open(io.BytesIO(png)) as image:
-                pixels.append(np.asarray(image).reshape(size, size, channels))
-    if not pixels:
-        raise UserInputError(f"split {split!r} of the dataset at {manifest.root} has no images")
-    return np.stack(pixels)
-
-
-def _check_split(manifest: Manifest, split: str) -> None:
-    if split not in manifest.splits:
-        raise UserInputError(
-            f"dataset {manifest.root} has no split {split!r}; its splits: "
-            f"{', '.join(manifest.splits)}"
-        )
+    return read_split_pixels(load_manifest(uri), split, limit=limit)[0]
 
 
 def _check_images(images: np.ndarray, what: str) -> None:
@@ -448,7 +425,7 @@ def reference_features(
         return features, images.shape[1:]
 
     manifest = load_manifest(str(local))
-    _check_split(manifest, split)
+    manifest.check_split(split)
     available = manifest.splits[split].num_rows
     num = available if num_images is None else min(num_images, available)
     cache = (

@@ -160,11 +160,7 @@ def run_bpd(options: BpdOptions, *, address: str | None = None) -> BpdResult:
         )
     data_dir = options.data or config.data.data_dir
     manifest = load_manifest(data_dir)
-    if options.split not in manifest.splits:
-        raise UserInputError(
-            f"--split {options.split}: dataset {data_dir} has the splits "
-            f"{', '.join(manifest.splits)}"
-        )
+    manifest.check_split(options.split, setting="--split")
     size, channels = config.model.image_size, config.model.in_channels
     if (manifest.image_size, manifest.channels) != (size, channels):
         raise UserInputError(
