@@ -169,6 +169,7 @@ def test_sampling_on_a_gpu_actor_matches_the_cpu(
         samples[use_gpu] = np.load(result.npz)["arr_0"]
     assert samples[True].shape == (4, 16, 16, 1)
     # The starting noise is drawn on the CPU from (seed, index) on both: DDIM is deterministic
-    # from there, so the GPU's images differ from the CPU's by rounding only.
+    # from there, so the GPU's images differ from the CPU's by rounding only (TF32 convolutions
+    # included); other images would differ by ~85 levels on average.
     difference = np.abs(samples[True].astype(int) - samples[False].astype(int))
-    assert difference.mean() < 1.0 and difference.max() <= 8
+    assert difference.mean() < 2.0 and difference.max() <= 16
