@@ -1,6 +1,6 @@
 # raydiff developer entry points. `make demo` and `make test` each set the machine up first
 # (virtualenv, pinned packages, dataset) through scripts/setup.sh.
-.PHONY: setup demo sweep test test-unit test-integration test-slow lint format bench bench-data bench-overhead bench-startup bench-sweep bench-sampling data constraints config-doc
+.PHONY: setup demo sweep test test-unit test-integration test-slow test-gpu lint format bench bench-data bench-overhead bench-startup bench-sweep bench-sampling bench-gpu data constraints config-doc
 
 
 setup:
@@ -18,16 +18,27 @@ sweep:
 # Lint, then the tiers from fastest to slowest (markers from tests/conftest.py); the first failing
 # step stops the run, so a broken unit test fails in seconds. pytest exits 5 when a tier selects
 # no test (e.g. PYTEST_ARGS=-k that matches only in another tier): that tier counts as passed,
-# but a run where no tier selected anything fails with 5 (a mistyped -k must not pass). Each tier
-# lists its 25 slowest tests: where CI's time goes.
+# but a run where no tier selected anything fails with 5 (a mistyped -k must not pass), and under
+# CI (CI set, as .ci/run does) with no PYTEST_ARGS every tier must select tests. Under CI a tier
+# whose tests all skipped fails as well, and so does any skip in the slow tier (tests/conftest.py).
+# Each tier lists its 25 slowest tests: where CI's time goes. Line coverage of raydiff is
+# collected over the tiers together (pytest-cov, the pytest processes only) and printed per
+# package at the end (scripts/coverage_by_package.py; `coverage report` gives it per file).
+COV_ARGS = --cov=raydiff --cov-append --cov-report=
 test:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m ruff check . && \
+	"$$py" -m coverage erase && \
+	case "$${CI:-}" in ""|0|false|no) ci=0;; *) ci=1;; esac && \
 	ran=0 && for tier in unit integration slow; do \
 	  echo "== pytest -m $$tier"; \
-	  "$$py" -m pytest -m $$tier --durations=25 $(PYTEST_ARGS); rc=$$?; \
+	  "$$py" -m pytest -m $$tier --durations=25 $(COV_ARGS) $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ] && [ $$ci -eq 1 ] && [ -z "$(strip $(PYTEST_ARGS))" ]; then \
+	    echo "make test: the $$tier tier selected no test under CI" >&2; exit 5; fi; \
 	  if [ $$rc -eq 0 ]; then ran=1; elif [ $$rc -ne 5 ]; then exit $$rc; fi; \
 	done && \
-	if [ $$ran -eq 0 ]; then echo "make test: no tier selected any test" >&2; exit 5; fi
+	if [ $$ran -eq 0 ]; then echo "make test: no tier selected any test" >&2; exit 5; fi && \
+	echo "== line coverage of raydiff by package (all tiers)" && \
+	"$$py" scripts/coverage_by_package.py
 
 test-unit:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m unit $(PYTEST_ARGS)
@@ -37,6 +48,11 @@ test-integration:
 
 test-slow:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m slow $(PYTEST_ARGS)
+
+# The gpu tier (tests/gpu): fp16 and bf16 training steps, NCCL DDP with 2+ GPUs, sampling on a
+# GPU actor. Skipped without CUDA; not part of `make test` (CI has no GPU).
+test-gpu:
+	@py="$$(RAYDIFF_SKIP_DATASET=1 scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m gpu $(PYTEST_ARGS)
 
 lint:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m ruff check . && "$$py" -m ruff format --check .
@@ -71,6 +87,11 @@ bench-sweep:
 
 bench-sampling:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" bench/sampling.py $(ARGS)
+
+# Images/s of one CIFAR-10 hybrid training step on a CUDA GPU: raydiff fp16 and bf16 against
+# improved-diffusion's --use_fp16 step (needs the .reference/improved-diffusion checkout).
+bench-gpu:
+	@py="$$(RAYDIFF_SKIP_DATASET=1 scripts/setup.sh | tail -n 1)" && "$$py" bench/gpu_step.py $(ARGS)
 
 # docs/configuration.md from the config dataclasses' field docstrings (tests/unit/
 # test_configuration_doc.py fails when it is out of date). Needs no dataset.

@@ -12,8 +12,19 @@ This module imports nothing else of raydiff (nor torch or Ray): every layer may 
 from __future__ import annotations
 
 import functools
+import re
 
-__all__ = ["ConfigError", "RunFailedError", "RunInterruptedError", "UserInputError"]
+__all__ = [
+    "ConfigError",
+    "RunFailedError",
+    "RunInterruptedError",
+    "UserInputError",
+    "first_line",
+]
+
+# A line that names a raised exception: "ValueError: ...", "ray.exceptions.ActorDiedError: ...",
+# "RayTaskError(ValueError): ...".
+_RAISED_LINE = re.compile(r"^[\w.]*(?:Error|Exception|Exit|Interrupt)(?:\([\w.]*\))?:")
 
 
 class UserInputError(ValueError):
@@ -64,3 +75,19 @@ class RunFailedError(RuntimeError):
 
 class RunInterruptedError(RuntimeError):
     """The user stopped a run (Ctrl-C); the message says where it stands and how to continue."""
+
+
+def first_line(error: BaseException, *, limit: int = 200) -> str:
+    """``error`` as one short line, for messages that quote another error.
+
+    The rule: when the message names a raised exception on a later line (Ray's errors from
+    worker processes carry the worker's whole traceback, which ends with ``SomeError: ...``), the
+    last such line, which is what was raised; otherwise the first non-empty line. A trailing full
+    stop is dropped (the caller's sentence goes on), an empty message gives the exception's type
+    name, and the line is cut to ``limit`` characters.
+    """
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    raised = [line for line in lines[1:] if _RAISED_LINE.match(line)]
+    text = raised[-1] if raised else (lines[0] if lines else "")
+    text = text.rstrip(".") or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

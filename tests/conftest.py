@@ -1,15 +1,23 @@
-"""Test tiers by directory: tests/unit -> unit, tests/integration -> integration, tests/e2e -> slow.
+"""Test tiers by directory: tests/unit -> unit, tests/integration -> integration, tests/e2e -> slow,
+tests/gpu -> gpu.
 
-Select a tier with ``-m unit`` / ``-m integration`` / ``-m slow``; ``-m "not slow"`` is the CI set.
+Select a tier with ``-m unit`` / ``-m integration`` / ``-m slow`` / ``-m gpu``. The gpu tier is
+skipped on a machine without CUDA.
+
+Under CI (the ``CI`` environment variable set, as ``.ci/run`` does), a tier must not pass
+without running: a skipped test of the slow tier is an error (its skip reasons are "the dataset is
+not installed", which CI must fix, not hide), and a run whose every selected test skipped fails.
+Locally skipping stays allowed.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-_TIERS = {"unit": "unit", "integration": "integration", "e2e": "slow"}
+_TIERS = {"unit": "unit", "integration": "integration", "e2e": "slow", "gpu": "gpu"}
 
 # Integration tests that run Ray clusters of their own (several nodes, `ray start`) go first:
 # before the shared local cluster starts, whose idle processes would otherwise take CPU from
@@ -24,3 +32,62 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if folder in parts:
                 item.add_marker(getattr(pytest.mark, marker))
     items.sort(key=lambda item: Path(str(item.fspath)).name not in _OWN_CLUSTERS)  # stable
+    if any(item.get_closest_marker("gpu") for item in items) and not _has_cuda():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def under_ci() -> bool:
+    """True when the ``CI`` environment variable says so (any value but empty, 0, false, no)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    report = yield
+    if (
+        report.skipped
+        and not hasattr(report, "wasxfail")
+        and item.get_closest_marker("slow")
+        and under_ci()
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        report.outcome = "failed"
+        report.longrepr = (
+            f"skipped under CI ({reason}): the slow tier must run in CI, so a skip there is an "
+            "error (unset CI to allow it locally)"
+        )
+    return report
+
+
+class _Outcomes:
+    """Counts of the tests that ran and the ones that skipped, for the CI rule above."""
+
+    ran = 0
+    skipped = 0
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and not report.skipped:
+        _Outcomes.ran += 1
+    elif report.skipped and not hasattr(report, "wasxfail"):
+        _Outcomes.skipped += 1
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if under_ci() and _Outcomes.skipped and not _Outcomes.ran and exitstatus == 0:
+        session.config.get_terminal_writer().line(
+            f"CI: all {_Outcomes.skipped} selected tests skipped; a tier that runs nothing fails "
+            "under CI (unset CI to allow it locally)",
+            red=True,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,6 +1,7 @@
-"""Turn one source image (a file or an array row) into the PNG bytes stored in a shard.
+"""The PNG bytes stored in a shard: one source image (a file or an array row) encoded, and a
+stored image decoded back to pixels.
 
-These functions run in ``multiprocessing`` workers, so they take and return only picklable
+The encoders run in ``multiprocessing`` workers, so they take and return only picklable
 values and never raise for a bad image: a bad image comes back as an error string.
 """
 
@@ -15,6 +16,7 @@ import numpy as np
 from PIL import Image
 
 from raydiff.data.resize import pad_center, resize_center_crop, to_channels
+from raydiff.errors import UserInputError
 
 Fit = Literal["resize", "pad"]
 FITS: tuple[str, ...] = ("resize", "pad")
@@ -80,3 +82,20 @@ def encode_chunk(task: tuple[list[str] | np.ndarray, ImageSpec]) -> list[EncodeR
     if isinstance(items, np.ndarray):
         return [encode_array(row, spec=spec) for row in items]
     return [encode_file(path, spec=spec) for path in items]
+
+
+def decode_png(png: bytes, *, image_size: int, channels: int, key: str = "") -> np.ndarray:
+    """A stored image as uint8 ``[H, W, C]``; every reader of shards decodes through here.
+
+    Raises ``UserInputError`` (naming the row's ``key`` when given) when the image is not the
+    ``image_size`` x ``image_size`` x ``channels`` its manifest says.
+    """
+    with Image.open(io.BytesIO(png)) as image:
+        array = np.asarray(image)
+    if array.shape[:2] != (image_size, image_size) or array.size != image_size**2 * channels:
+        row = f"row {key!r}" if key else "a row"
+        raise UserInputError(
+            f"{row} is a {'x'.join(map(str, array.shape))} image, but the manifest says "
+            f"{image_size}x{image_size}x{channels}: the dataset is inconsistent, prepare it again"
+        )
+    return array.reshape(image_size, image_size, channels)

@@ -6,7 +6,6 @@ is the simple path for data that fits in RAM on one machine, with no Ray involve
 
 from __future__ import annotations
 
-import io
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -14,8 +13,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import torch
-from PIL import Image
 
+from raydiff.data.encode import decode_png
 from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.data.order import flip_mask, row_order_seed
 from raydiff.errors import UserInputError
@@ -33,28 +32,44 @@ def load_split_tensors(
         ``x / 127.5 - 1``), y int64 ``[N]`` or None for unlabelled data.
     """
     manifest = manifest or load_manifest(uri)
-    if split not in manifest.splits:
-        raise UserInputError(
-            f"dataset {uri} has no split {split!r}; its splits: {', '.join(manifest.splits)}"
-        )
-    size, channels = manifest.image_size, manifest.channels
-    pixels, labels = [], []
-    for shard in manifest.shard_uris(split):
-        table = pq.read_table(shard, columns=["png", "label"])
-        for png in table.column("png").to_pylist():
-            with Image.open(io.BytesIO(png)) as image:
-                pixels.append(np.asarray(image).reshape(size, size, channels))
-        labels.extend(table.column("label").to_pylist())
-        if limit is not None and len(pixels) >= limit:
-            break
-    if limit is not None:
-        pixels, labels = pixels[:limit], labels[:limit]
-    array = np.stack(pixels).transpose(0, 3, 1, 2)  # [N, C, H, W]
-    x = torch.from_numpy(array.astype(np.float32) / 127.5 - 1)
-    y = torch.tensor(labels, dtype=torch.int64)
+    pixels, labels = read_split_pixels(manifest, split, limit=limit)
+    x = torch.from_numpy(pixels.transpose(0, 3, 1, 2).astype(np.float32) / 127.5 - 1)
+    y = torch.from_numpy(labels)
     has_labels = bool((y >= 0).all()) and bool(manifest.classes)
+    size, channels = manifest.image_size, manifest.channels
     logger.info("loaded %d %s images of %dx%dx%d from %s", len(x), split, size, size, channels, uri)
     return x, (y if has_labels else None), list(manifest.classes or [])
+
+
+def read_split_pixels(
+    manifest: Manifest, split: str, *, limit: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The images of ``split`` as uint8 ``[N, H, W, C]`` and their labels as int64 ``[N]``
+    (``-1`` for unlabelled rows), in shard order; ``limit``: the first N rows only.
+
+    Reads no shard past the one that reaches ``limit``. Raises ``UserInputError`` for a split
+    the dataset does not have, or one with no images.
+    """
+    size, channels = manifest.image_size, manifest.channels
+    pixels: list[np.ndarray] = []
+    labels: list[int] = []
+    for shard in manifest.shard_uris(split):
+        if limit is not None and len(pixels) >= limit:
+            break
+        table = pq.read_table(shard, columns=["png", "label", "key"])
+        for png, label, key in zip(
+            table.column("png").to_pylist(),
+            table.column("label").to_pylist(),
+            table.column("key").to_pylist(),
+            strict=True,
+        ):
+            if limit is not None and len(pixels) >= limit:
+                break
+            pixels.append(decode_png(png, image_size=size, channels=channels, key=key))
+            labels.append(label)
+    if not pixels:
+        raise UserInputError(f"split {split!r} of the dataset at {manifest.root} has no images")
+    return np.stack(pixels), np.asarray(labels, dtype=np.int64)
 
 
 def infinite_batches(

@@ -56,15 +56,22 @@ class Manifest:
         """Number of classes (0 for an unlabelled dataset)."""
         return len(self.classes) if self.classes else 0
 
+    def check_split(self, split: str, *, setting: str = "") -> SplitInfo:
+        """The split named ``split``, or a ``UserInputError`` naming it and the splits the
+        dataset has. ``setting``: where the name was given (``data.train_split``, ``--split``),
+        to lead the message."""
+        if split not in self.splits:
+            lead = f"{setting} {split!r}: " if setting else ""
+            raise UserInputError(
+                f"{lead}the dataset at {self.root or '(unknown)'} has no split {split!r}; "
+                f"its splits: {', '.join(self.splits) or '(none)'}"
+            )
+        return self.splits[split]
+
     def shard_uris(self, split: str) -> list[str]:
         """Absolute paths or URIs of the shards of ``split``."""
-        if split not in self.splits:
-            raise UserInputError(
-                f"split {split!r} is not in the dataset at {self.root!r}; "
-                f"valid splits: {', '.join(self.splits)}"
-            )
         base = self.root.rstrip("/")
-        return [f"{base}/{shard.path}" for shard in self.splits[split].shards]
+        return [f"{base}/{shard.path}" for shard in self.check_split(split).shards]
 
     def to_json(self) -> str:
         """The manifest as stored (``root`` left out: a dataset can be moved or uploaded)."""

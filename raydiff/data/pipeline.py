@@ -29,7 +29,6 @@ batches every run. Ray and torch are imported inside the functions: importing th
 from __future__ import annotations
 
 import functools
-import io
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,7 @@ import numpy as np
 from raydiff.data.config import DataConfig
 from raydiff.data.manifest import Manifest, check_compatible, load_manifest
 from raydiff.data.order import block_order_seed, flip_mask, shuffle_buffer_seed
-from raydiff.errors import ConfigError, UserInputError
+from raydiff.errors import UserInputError
 from raydiff.storage import open_filesystem
 
 if TYPE_CHECKING:
@@ -97,13 +96,7 @@ def build_datasets(
         channels=config.channels,
         class_cond=config.class_cond,
     )
-    if config.train_split not in manifest.splits:
-        raise ConfigError(
-            section="data",
-            field="train_split",
-            value=config.train_split,
-            reason=f"no such split in {manifest.root}; valid splits: {', '.join(manifest.splits)}",
-        )
+    manifest.check_split(config.train_split, setting="data.train_split")
     cached = cached or {}
     datasets = {
         "train": build_split(
@@ -326,19 +319,14 @@ def decode_batch(
     batch: dict[str, np.ndarray], *, image_size: int, channels: int
 ) -> dict[str, np.ndarray]:
     """PNG bytes -> uint8 ``image`` [B, C, H, W] (runs in Ray Data tasks)."""
-    from PIL import Image
+    from raydiff.data.encode import decode_png
 
     pngs = batch["png"]
     pixels = np.empty((len(pngs), image_size, image_size, channels), dtype=np.uint8)  # [B,H,W,C]
     for i, png in enumerate(pngs):
-        with Image.open(io.BytesIO(png)) as image:
-            array = np.asarray(image)
-        if array.shape[:2] != (image_size, image_size):
-            raise UserInputError(
-                f"row {batch['key'][i]!r} is {array.shape[1]}x{array.shape[0]}, but the "
-                f"manifest says {image_size}x{image_size}: the dataset is inconsistent"
-            )
-        pixels[i] = array.reshape(image_size, image_size, channels)
+        pixels[i] = decode_png(
+            png, image_size=image_size, channels=channels, key=str(batch["key"][i])
+        )
     image = np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))  # [B, C, H, W]
     return {"image": image, "label": batch["label"], "index": batch["index"], "key": batch["key"]}
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import concurrent.futures.process
+import contextlib
 import dataclasses
+import functools
 import logging
 import multiprocessing
 import os
@@ -19,8 +21,8 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import ClassVar
@@ -360,21 +362,11 @@ def _write_dataset(
     options: PrepareOptions,
     total: int,
 ) -> Manifest:
+    """Encode every split into shards under ``root``, then write the manifest (last)."""
     from tqdm import tqdm
 
-    # Failing as soon as the bad count passes the budget avoids encoding a doomed dataset.
-    max_bad = int(options.max_bad_fraction * total)
-    bad: list[BadImage] = []
-    num_bad = 0
+    bad = _BadImages(total=total, options=options)
     split_infos: dict[str, SplitInfo] = {}
-    pool = None
-    if options.num_workers > 1:
-        # spawn, not fork: the caller may hold threads (Ray, torch, tqdm) that fork would copy.
-        # An executor, not multiprocessing.Pool: when a worker dies (the OOM killer) Pool.imap
-        # waits forever, the executor raises BrokenProcessPool.
-        pool = concurrent.futures.ProcessPoolExecutor(
-            options.num_workers, mp_context=multiprocessing.get_context("spawn")
-        )
     bar = tqdm(
         total=total,
         unit="img",
@@ -382,43 +374,68 @@ def _write_dataset(
         disable=not (options.progress and sys.stderr.isatty()),
     )
     try:
-        for name, items in splits.items():
-            writer = ShardWriter(
-                root=root,
-                split=name,
-                max_rows=options.shard_max_rows,
-                max_bytes=options.shard_max_bytes,
-                row_group_rows=options.row_group_rows,
-            )
-            results: Iterator[list[EncodeResult]] = (
-                pool.map(encode_chunk, _chunks(items, spec))
-                if pool is not None
-                else map(encode_chunk, _chunks(items, spec))
-            )
-            counts: Counter[int] = Counter()
-            position = 0
-            for chunk in results:
-                for png, reason in chunk:
-                    key = items.keys[position]
-                    label = NO_LABEL if items.labels is None else int(items.labels[position])
-                    position += 1
-                    if png is None:
-                        num_bad += 1
-                        if len(bad) < NUM_BAD_EXAMPLES:
-                            bad.append(BadImage(key=key, reason=reason or "unknown"))
-                        if num_bad > max_bad:
-                            raise BadInputError(_bad_message(num_bad, total, options, bad))
-                        continue
-                    writer.add(key=key, label=label, png=png)
-                    counts[label] += 1
-                bar.update(len(chunk))
-            writer.flush()
-            class_counts = None
-            if source.classes is not None:
-                class_counts = {source.classes[i]: counts[i] for i in sorted(counts)}
-            split_infos[name] = SplitInfo(
-                num_rows=writer.num_rows, shards=writer.shards, class_counts=class_counts
-            )
+        with _encoder(num_workers=options.num_workers) as encode:
+            for name, items in splits.items():
+                split_infos[name] = _write_split(
+                    root,
+                    name=name,
+                    items=items,
+                    encoded=encode(_chunks(items, spec)),
+                    classes=source.classes,
+                    options=options,
+                    bad=bad,
+                    progress=bar.update,
+                )
+    finally:
+        bar.close()
+    manifest = _build_manifest(
+        root, source=source, spec=spec, options=options, split_infos=split_infos, bad=bad
+    )
+    _write_manifest(manifest, root=root)
+    return manifest
+
+
+@dataclass
+class _BadImages:
+    """The images prepare skipped so far, and the budget (``--max-bad-fraction``) they may use.
+
+    Failing as soon as the count passes the budget avoids encoding a doomed dataset.
+    """
+
+    total: int
+    options: PrepareOptions
+    count: int = 0
+    examples: list[BadImage] = field(default_factory=list)
+
+    def record(self, *, key: str, reason: str | None) -> None:
+        """Count one bad image; raises ``BadInputError`` once the budget is passed."""
+        self.count += 1
+        if len(self.examples) < NUM_BAD_EXAMPLES:
+            self.examples.append(BadImage(key=key, reason=reason or "unknown"))
+        if self.count > int(self.options.max_bad_fraction * self.total):
+            raise BadInputError(_bad_message(self.count, self.total, self.options, self.examples))
+
+
+# map(encode_chunk, chunks), in this process or over worker processes.
+EncodeMap = Callable[
+    [Iterator[tuple[list[str] | np.ndarray, ImageSpec]]], Iterator[list[EncodeResult]]
+]
+
+
+@contextlib.contextmanager
+def _encoder(*, num_workers: int) -> Iterator[EncodeMap]:
+    """``map(encode_chunk, ...)`` in this process, or over ``num_workers`` worker processes."""
+    if num_workers <= 1:
+        yield functools.partial(map, encode_chunk)
+        return
+    # spawn, not fork: the caller may hold threads (Ray, torch, tqdm) that fork would copy.
+    # An executor, not multiprocessing.Pool: when a worker dies (the OOM killer) Pool.imap
+    # waits forever, the executor raises BrokenProcessPool.
+    pool = concurrent.futures.ProcessPoolExecutor(
+        num_workers, mp_context=multiprocessing.get_context("spawn")
+    )
+    try:
+        yield functools.partial(pool.map, encode_chunk)
     except concurrent.futures.process.BrokenProcessPool:
         raise RuntimeError(
             "an image-encoding worker process died (killed, or out of memory: try fewer "
@@ -426,20 +443,68 @@ def _write_dataset(
             "import the script again: guard the call with `if __name__ == '__main__':`"
         ) from None
     finally:
-        bar.close()
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=True, cancel_futures=True)
 
+
+def _write_split(
+    root: Path,
+    *,
+    name: str,
+    items: SplitItems,
+    encoded: Iterator[list[EncodeResult]],
+    classes: list[str] | None,
+    options: PrepareOptions,
+    bad: _BadImages,
+    progress: Callable[[int], object],
+) -> SplitInfo:
+    """Write one split's ``encoded`` images (chunks in the order of ``items``) as shards."""
+    writer = ShardWriter(
+        root=root,
+        split=name,
+        max_rows=options.shard_max_rows,
+        max_bytes=options.shard_max_bytes,
+        row_group_rows=options.row_group_rows,
+    )
+    counts: Counter[int] = Counter()
+    position = 0
+    for chunk in encoded:
+        for png, reason in chunk:
+            key = items.keys[position]
+            label = NO_LABEL if items.labels is None else int(items.labels[position])
+            position += 1
+            if png is None:
+                bad.record(key=key, reason=reason)
+                continue
+            writer.add(key=key, label=label, png=png)
+            counts[label] += 1
+        progress(len(chunk))
+    writer.flush()
+    class_counts = None
+    if classes is not None:
+        class_counts = {classes[i]: counts[i] for i in sorted(counts)}
+    return SplitInfo(num_rows=writer.num_rows, shards=writer.shards, class_counts=class_counts)
+
+
+def _build_manifest(
+    root: Path,
+    *,
+    source: Source,
+    spec: ImageSpec,
+    options: PrepareOptions,
+    split_infos: dict[str, SplitInfo],
+    bad: _BadImages,
+) -> Manifest:
+    """The manifest of the written splits; refuses a dataset or a split left with no image."""
     num_images = sum(info.num_rows for info in split_infos.values())
     if num_images == 0:
         raise BadInputError(
-            f"no readable image in {source.location!r} ({num_bad} unreadable); nothing written"
+            f"no readable image in {source.location!r} ({bad.count} unreadable); nothing written"
         )
-    for name, info in list(split_infos.items()):
+    for name, info in split_infos.items():
         if info.num_rows == 0:
             # A split emptied by bad images would break the pipeline later; say so now.
             raise BadInputError(f"split {name!r} has no readable image; nothing written")
-    manifest = Manifest(
+    return Manifest(
         format_version=FORMAT_VERSION,
         raydiff_version=_raydiff_version(),
         created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -450,8 +515,8 @@ def _write_dataset(
         num_images=num_images,
         classes=source.classes,
         splits=split_infos,
-        num_bad=num_bad,
-        bad_examples=bad,
+        num_bad=bad.count,
+        bad_examples=bad.examples,
         options={
             "seed": options.seed,
             "val_count": options.val_count,
@@ -464,7 +529,10 @@ def _write_dataset(
         },
         root=str(root),
     )
-    # The manifest is the last file written: a folder with a manifest is a complete dataset.
+
+
+def _write_manifest(manifest: Manifest, *, root: Path) -> None:
+    """Write ``manifest.json`` atomically: a folder with a manifest is a complete dataset."""
     manifest_path = root / MANIFEST_NAME
     temporary = manifest_path.with_name(MANIFEST_NAME + ".tmp")
     with open(temporary, "w", encoding="utf-8") as f:
@@ -472,7 +540,6 @@ def _write_dataset(
         f.flush()
         os.fsync(f.fileno())
     os.replace(temporary, manifest_path)
-    return manifest
 
 
 def _bad_message(num_bad: int, total: int, options: PrepareOptions, bad: list[BadImage]) -> str:

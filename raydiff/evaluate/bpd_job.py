@@ -104,11 +104,7 @@ def _split_images(
     from raydiff.data.manifest import load_manifest
 
     manifest = load_manifest(data_dir)
-    if options.split not in manifest.splits:
-        raise UserInputError(
-            f"--split {options.split}: dataset {data_dir} has the splits "
-            f"{', '.join(manifest.splits)}"
-        )
+    manifest.check_split(options.split, setting="--split")
     size, channels = config.model.image_size, config.model.in_channels
     if (manifest.image_size, manifest.channels) != (size, channels):
         raise UserInputError(

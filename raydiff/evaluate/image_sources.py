@@ -8,15 +8,14 @@ source gives uint8 ``[N, H, W, C]`` (C = 1 or 3) in a fixed order, which is what
 
 from __future__ import annotations
 
-import io
 import zipfile
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 from PIL import Image
 
-from raydiff.data.manifest import MANIFEST_NAME, Manifest, is_remote, load_manifest
+from raydiff.data.in_memory import read_split_pixels
+from raydiff.data.manifest import MANIFEST_NAME, is_remote, load_manifest
 from raydiff.errors import UserInputError
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg"})
@@ -107,26 +106,4 @@ def _folder_images(path: Path, *, limit: int | None) -> np.ndarray:
 
 def _dataset_images(uri: str, *, split: str, limit: int | None) -> np.ndarray:
     """Decode the PNGs of a prepared split straight to uint8 (no float round trip)."""
-    manifest = load_manifest(uri)
-    check_split(manifest, split)
-    size, channels = manifest.image_size, manifest.channels
-    pixels: list[np.ndarray] = []
-    for shard in manifest.shard_uris(split):
-        if limit is not None and len(pixels) >= limit:
-            break
-        for png in pq.read_table(shard, columns=["png"]).column("png").to_pylist():
-            if limit is not None and len(pixels) >= limit:
-                break
-            with Image.open(io.BytesIO(png)) as image:
-                pixels.append(np.asarray(image).reshape(size, size, channels))
-    if not pixels:
-        raise UserInputError(f"split {split!r} of the dataset at {manifest.root} has no images")
-    return np.stack(pixels)
-
-
-def check_split(manifest: Manifest, split: str) -> None:
-    if split not in manifest.splits:
-        raise UserInputError(
-            f"dataset {manifest.root} has no split {split!r}; its splits: "
-            f"{', '.join(manifest.splits)}"
-        )
+    return read_split_pixels(load_manifest(uri), split, limit=limit)[0]

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from raydiff.errors import UserInputError
+from raydiff.errors import UserInputError, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +138,8 @@ def load_inception(
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as error:
-        first_line = str(error).splitlines()[0] if str(error) else ""
         raise UserInputError(
-            f"{weights} is not a PyTorch state dict ({type(error).__name__}: {first_line}); "
+            f"{weights} is not a PyTorch state dict ({type(error).__name__}: {first_line(error)}); "
             f"{expected}"
         ) from error
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from raydiff.data.manifest import MANIFEST_NAME, is_remote, load_manifest
-from raydiff.evaluate.image_sources import check_split, load_images
+from raydiff.evaluate.image_sources import load_images
 from raydiff.evaluate.inception import DEFAULT_BATCH_SIZE, extract_features, extractor_id
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def reference_features(
         return features, images.shape[1:]
 
     manifest = load_manifest(str(local))
-    check_split(manifest, split)
+    manifest.check_split(split)
     available = manifest.splits[split].num_rows
     num = available if num_images is None else min(num_images, available)
     cache = (

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from raydiff.config import ExperimentConfig
 from raydiff.data.config import DataConfig
 from raydiff.data.manifest import Manifest, load_manifest
-from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError
+from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError, first_line
 from raydiff.storage import RemotePath, resolve_location
 from raydiff.train.preflight import StartPoint, plan_start
 from raydiff.train.run_lock import run_lock
@@ -387,7 +387,7 @@ def run_failed_error(
 
     if isinstance(error, ray.train.WorkerGroupError):
         failures = "; ".join(
-            f"rank {rank}: {_first_line(failure)}"
+            f"rank {rank}: {first_line(failure)}"
             for rank, failure in sorted(error.worker_failures.items())
         )
         restarts = {0: "without a restart", 1: "after 1 restart"}.get(
@@ -395,7 +395,7 @@ def run_failed_error(
         )
         what = f"training failed {restarts} (scaling.max_failures={max_failures}): {failures}"
     else:  # ray.train.ControllerError: Ray Train's own controller failed
-        what = f"Ray Train's controller failed: {_first_line(error)}"
+        what = f"Ray Train's controller failed: {first_line(error)}"
     return RunFailedError(
         f"{what}. {where_it_stands(run_dir)} (raise scaling.max_failures, -1 for no limit, to "
         "ride out more failures; Ray's logs of the failure: raydiff -v, or the cluster's logs/ "
@@ -415,12 +415,3 @@ def where_it_stands(run_dir: Path | RemotePath) -> str:
         f"The last complete checkpoint is {last} (step {step}): run the same command again to "
         "continue from it"
     )
-
-
-def _first_line(error: BaseException, limit: int = 200) -> str:
-    """An exception as one short line (Ray's worker errors carry whole tracebacks)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    # A worker's traceback ends with the exception itself ("ActorDiedError: ...").
-    text = next((line for line in reversed(lines) if "Error" in line), lines[0] if lines else "")
-    text = text.rstrip(".") or type(error).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."

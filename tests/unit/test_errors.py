@@ -135,3 +135,28 @@ def test_every_option_of_every_command_is_a_field_of_its_options() -> None:
             declared = fields[action.dest].metadata
             assert declared["help"] == action.help, name
             assert declared["flag"] in (*action.option_strings, action.metavar), name
+
+
+def test_first_line_of_a_worker_traceback_is_the_raised_exception() -> None:
+    from raydiff.errors import first_line
+
+    worker = RuntimeError(
+        "ray::RayTrainWorker._RayTrainWorker__execute() (pid=1, ip=127.0.0.1)\n"
+        '  File "loop.py", line 3, in step\n'
+        "    raise ValueError('loss is nan.')\n"
+        "ValueError: loss is nan."
+    )
+    assert first_line(worker) == "ValueError: loss is nan"
+    wrapped = RuntimeError("RayTaskError(ValueError): ray::f()\n  File 'x'\nValueError: boom")
+    assert first_line(wrapped) == "ValueError: boom"
+
+
+def test_first_line_of_a_plain_message_is_its_first_line() -> None:
+    from raydiff.errors import first_line
+
+    error = RuntimeError("\nWeights only load failed.\nSee the torch documentation for more.")
+    assert first_line(error) == "Weights only load failed"
+    assert first_line(KeyError()) == "KeyError"
+    assert first_line(ValueError("x" * 300), limit=10) == "xxxxxxx..."
+    # A later line that mentions an error without naming a raised one is not picked.
+    assert first_line(OSError("disk full\nno Error here")) == "disk full"

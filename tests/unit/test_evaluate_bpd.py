@@ -147,7 +147,7 @@ def test_results_of_a_runs_checkpoint_go_to_its_folder_and_tensorboard(tmp_path)
     [
         (["--num-images", "0"], "--num-images 0 is invalid"),
         (["--batch-size", "0"], "--batch-size 0 is invalid"),
-        (["--split", "nope"], "has the splits"),
+        (["--split", "nope"], "has no split 'nope'; its splits: train, val"),
         (["--weights", "ema_0.1"], "--weights ema_0.1"),
         (["--timestep-respacing", "ddim8"], "cannot create exactly 8 steps"),
     ],

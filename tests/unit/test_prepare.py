@@ -29,6 +29,7 @@ from raydiff.data.pipeline import decode_batch, normalise
 from raydiff.data.prepare import BadInputError
 from raydiff.data.resize import resize_center_crop, to_channels
 from raydiff.data.sources import FASHION_MNIST_DIR, read_idx
+from raydiff.errors import UserInputError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -531,3 +532,29 @@ def test_prepare_option_errors_are_config_errors_naming_the_option() -> None:
     assert (info.value.section, info.value.field, info.value.value) == ("prepare", "num_workers", 0)
     assert str(info.value) == "prepare.num_workers=0 is invalid: valid: integers >= 1"
     assert issubclass(BadInputError, UserInputError)
+
+
+def test_a_stored_png_decodes_to_its_pixels_and_a_wrong_size_is_named() -> None:
+    from raydiff.data.encode import ImageSpec, decode_png, encode_array
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
+    png, reason = encode_array(pixels, spec=ImageSpec(image_size=8, channels=3))
+    assert reason is None
+    np.testing.assert_array_equal(decode_png(png, image_size=8, channels=3), pixels)
+    with pytest.raises(UserInputError, match=r"row 'a/1.png' is a 8x8x3 image, .* says 4x4x3"):
+        decode_png(png, image_size=4, channels=3, key="a/1.png")
+    with pytest.raises(UserInputError, match="says 8x8x1"):
+        decode_png(png, image_size=8, channels=1)
+
+
+def test_a_split_the_dataset_lacks_is_named_with_the_ones_it_has(tiny_prepared) -> None:
+    manifest = load_manifest(str(tiny_prepared))
+    assert manifest.check_split("train") is manifest.splits["train"]
+    splits = ", ".join(manifest.splits)
+    with pytest.raises(UserInputError, match=f"has no split 'test'; its splits: {splits}$"):
+        manifest.check_split("test")
+    with pytest.raises(UserInputError, match=r"^data\.train_split 'test': the dataset at "):
+        manifest.check_split("test", setting="data.train_split")
+    with pytest.raises(UserInputError, match="has no split 'test'"):
+        manifest.shard_uris("test")

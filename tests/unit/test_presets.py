@@ -35,12 +35,6 @@ def test_published_model_sizes(name, millions):
     assert params / 1e6 == pytest.approx(millions, rel=0.02)
 
 
-def test_demo_uses_the_measured_recipe():
-    config = load_config(str(CONFIGS / "demo.yaml"))
-    assert (config.model.image_size, config.model.in_channels) == (32, 1)
-    assert config.scaling.num_workers == 2
-
-
 def test_presets_load_by_name_and_ship_inside_the_package():
     from raydiff.config import PRESETS_DIR, preset_names, resolve_config_path
 

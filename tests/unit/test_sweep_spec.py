@@ -31,13 +31,6 @@ def sweep(**fields: object) -> dict:
     return {"base": "demo", "search_space": SPACE, **fields}
 
 
-def test_the_shipped_demo_sweep_loads():
-    loaded = load_sweep(Path(__file__).resolve().parents[2] / "configs" / "sweep_demo.yaml")
-    assert {d.key for d in loaded.dimensions} >= {"noise_schedule", "lr"}
-    assert loaded.sweep.metric == "val_bpd" and loaded.sweep.scheduler.name == "asha"
-    assert loaded.base_config.scaling.num_workers == 1
-
-
 def test_fields_resolve_bare_or_dotted_and_trials_get_their_values_and_seeds():
     loaded = load_sweep(sweep(set={"max_steps": 20}), overrides=["batch_size=32"])
     assert [(d.key, d.field, d.kind) for d in loaded.dimensions] == [

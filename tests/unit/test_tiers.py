@@ -1,0 +1,82 @@
+"""The tier rules of tests/conftest.py: under CI a tier cannot pass by skipping.
+
+Each case runs pytest on a small copy of the layout (the real conftest, a unit and an e2e test
+file) in a subprocess, with and without ``CI`` set.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+
+UNIT = """
+import pytest
+
+def test_runs():
+    pass
+
+def test_skips():
+    pytest.skip("not here")
+"""
+
+E2E = """
+import pytest
+
+@pytest.mark.skipif(True, reason="the dataset is not installed")
+def test_needs_the_dataset():
+    pass
+"""
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tiers")
+    (root / "tests" / "unit").mkdir(parents=True)
+    (root / "tests" / "e2e").mkdir()
+    shutil.copy(TESTS / "conftest.py", root / "tests" / "conftest.py")
+    (root / "tests" / "unit" / "test_a.py").write_text(UNIT)
+    (root / "tests" / "e2e" / "test_b.py").write_text(E2E)
+    (root / "pytest.ini").write_text(
+        "[pytest]\naddopts = -p no:cacheprovider\n"
+        "markers =\n    unit\n    integration\n    slow\n    gpu\n"
+    )
+    return root
+
+
+def run(layout: Path, *args: str, ci: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    if ci is not None:
+        env["CI"] = ci
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", *args],
+        cwd=layout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_locally_a_skipped_e2e_tier_passes(layout: Path) -> None:
+    assert run(layout, "-m", "slow", ci=None).returncode == 0
+    assert run(layout, "-m", "slow", ci="false").returncode == 0
+
+
+def test_under_ci_a_skip_in_the_e2e_tier_fails_and_says_why(layout: Path) -> None:
+    done = run(layout, "-m", "slow", ci="true")
+    assert done.returncode == 1, done.stdout
+    assert "skipped under CI (the dataset is not installed)" in done.stdout
+
+
+def test_under_ci_other_tiers_may_skip_some_tests_but_not_all(layout: Path) -> None:
+    assert run(layout, "-m", "unit", ci="1").returncode == 0
+    done = run(layout, "-m", "unit", "-k", "skips", ci="1")
+    assert done.returncode == 1, done.stdout
+    assert "all 1 selected tests skipped" in done.stdout
