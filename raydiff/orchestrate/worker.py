@@ -1,10 +1,11 @@
 """``train_loop_per_worker``: the one training loop (``raydiff.train.loop``) on a Ray Train worker.
 
 This module imports no torch, on purpose: the driver (a sweep's trial too) pickles the function
-by reference, so importing this module is all it costs there, and on the worker the training
-split's shard is asked for before torch is imported (:func:`request_shard_early`), then the
-worker joins the run's process group (``raydiff.orchestrate.torch_backend``). The loop's runtime
-on a worker is :class:`raydiff.orchestrate.ray_runtime.RayRuntime`.
+by reference, so importing this module is all it costs there. Ray Train's ``TorchConfig`` has
+set up the run's process group (gloo, or NCCL on the worker's GPU) before the function starts;
+the function first asks for the training split's shard (:func:`request_shard_early`), then
+builds the model. The loop's runtime on a worker is
+:class:`raydiff.orchestrate.ray_runtime.RayRuntime`.
 """
 
 from __future__ import annotations
@@ -25,18 +26,16 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     """The function every Ray Train worker runs.
 
     ``loop_config``: ``config`` (the ExperimentConfig itself), ``actor_key`` (names the run's
-    sampler actor), ``output_dir``, ``resume`` (the checkpoint to start from when Ray Train has
+    loss-history actor), ``output_dir``, ``resume`` (the checkpoint to start from when Ray Train has
     none of its own for this run; both local paths, or ``raydiff.storage.RemotePath`` s that
     carry their filesystem) and ``datasets`` (the names of the datasets passed to Train).
     """
     config: ExperimentConfig = loop_config["config"]
     if "train" in loop_config["datasets"]:
         request_shard_early("train")
-    from raydiff.orchestrate.ray_runtime import RayRuntime  # torch: seconds to import
-    from raydiff.orchestrate.torch_backend import join_process_group
+    from raydiff.orchestrate.ray_runtime import RayRuntime  # the model's modules: seconds
     from raydiff.train.loop import run_loop
 
-    join_process_group(use_gpu=config.scaling.use_gpu)
     context = ray.train.get_context()
     runtime = RayRuntime(
         config,
@@ -69,8 +68,8 @@ def request_shard_early(name: str) -> None:
 def _configure_logging(rank: int) -> None:
     """raydiff's loggers rank-prefixed, INFO on rank 0 and WARNING elsewhere.
 
-    Ray's console output is set for the whole job by ``raydiff.orchestrate.console`` (Ray Train's
-    own ``ray.train`` logs follow the run's ``LoggingConfig``), not here.
+    Ray's console output is set for the whole job by ``raydiff.orchestrate.ray_session`` (Ray
+    Train's own ``ray.train`` logs follow the run's ``LoggingConfig``), not here.
     """
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(name)s: %(message)s"))
@@ -78,11 +77,3 @@ def _configure_logging(rank: int) -> None:
     package.handlers[:] = [handler]
     package.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     package.propagate = False
-    # Ray Train logs every report at INFO from every rank, under a logger named after its file
-    # (outside "ray.train", so its LoggingConfig does not reach it); keep its warnings only.
-    try:
-        import ray.train.v2._internal.execution.context as train_context
-
-        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
-    except ImportError:  # another Ray version: its logs stay as they are
-        pass
