@@ -12,8 +12,9 @@ keep:
   ``logs/train/ray-train-sys-*.log`` keep every level;
 - the driver's ``ray.tune`` and ``ray.data`` loggers at WARNING (:func:`quiet_ray_console`): no
   Tune banners, no "Starting execution of Dataset" for the splits the driver decodes (those
-  lines then stay out of the driver's ``ray-data.log`` too). Ray Data's lines from its own
-  worker processes (a split coordinator's) still print, as Ray Data makes them;
+  lines then stay out of the driver's ``ray-data.log`` too); each training worker does the same
+  for itself (``raydiff.orchestrate.worker``). Ray Data's lines from its own worker processes
+  (a split coordinator's) still print, as Ray Data makes them;
 - the job's ``worker_process_setup_hook`` (a documented ``runtime_env`` field) runs
   :func:`quiet_ray_worker` in every Ray worker: deprecation and future warnings raised inside
   Ray's own modules are ignored there, and the worker's cluster lookups are pinned to its own

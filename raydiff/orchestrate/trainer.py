@@ -17,7 +17,12 @@ from raydiff.config import ExperimentConfig
 from raydiff.data.config import DataConfig
 from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError
-from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console, train_log_level
+from raydiff.orchestrate.ray_session import (
+    ensure_ray,
+    quiet_ray_console,
+    train_log_level,
+    verbose,
+)
 from raydiff.storage import RemotePath, resolve_location
 from raydiff.train.preflight import StartPoint, plan_start
 from raydiff.train.run_lock import run_lock
@@ -275,6 +280,7 @@ def _torch_trainer(
             # wrote).
             "resume": start.checkpoint,
             "datasets": sorted(datasets),
+            "verbose": verbose(),
         },
         torch_config=TorchConfig(),
         scaling_config=ray.train.ScalingConfig(

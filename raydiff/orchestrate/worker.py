@@ -28,7 +28,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     ``loop_config``: ``config`` (the ExperimentConfig itself), ``actor_key`` (names the run's
     loss-history actor), ``output_dir``, ``resume`` (the checkpoint to start from when Ray Train has
     none of its own for this run; both local paths, or ``raydiff.storage.RemotePath`` s that
-    carry their filesystem) and ``datasets`` (the names of the datasets passed to Train).
+    carry their filesystem), ``datasets`` (the names of the datasets passed to Train) and
+    ``verbose`` (``raydiff -v``: Ray's console output as Ray makes it).
     """
     config: ExperimentConfig = loop_config["config"]
     if "train" in loop_config["datasets"]:
@@ -46,7 +47,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         resume=as_location(loop_config["resume"]) if loop_config["resume"] else None,
         has_val="val" in loop_config["datasets"],
     )
-    _configure_logging(runtime.rank)
+    _configure_logging(runtime.rank, verbose=loop_config["verbose"])
     return run_loop(config, runtime=runtime, output_dir=runtime.output_dir)
 
 
@@ -65,7 +66,7 @@ def request_shard_early(name: str) -> None:
     pool.shutdown(wait=False)
 
 
-def _configure_logging(rank: int) -> None:
+def _configure_logging(rank: int, *, verbose: bool) -> None:
     """raydiff's loggers rank-prefixed, INFO on rank 0 and WARNING elsewhere.
 
     Ray's console output is set for the whole job by ``raydiff.orchestrate.ray_session`` (Ray
@@ -77,3 +78,10 @@ def _configure_logging(rank: int) -> None:
     package.handlers[:] = [handler]
     package.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     package.propagate = False
+    if not verbose:
+        # Ray's INFO lines of this process, through its public loggers: Ray Train logs every
+        # report of every rank under a logger named after its source file, which reaches the
+        # root logger; the validation split is executed here, by every rank ("Starting
+        # execution of Dataset"; Ray Data set its logger's level on import, done by now).
+        for name in ("", "ray.data"):
+            logging.getLogger(name).setLevel(logging.WARNING)
