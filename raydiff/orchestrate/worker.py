@@ -56,8 +56,8 @@ def request_shard_early(name: str) -> None:
 
     The first request of a streaming-split dataset makes Ray Data start the split's coordinator,
     a new actor process (1.5-3 s here before its first batch); asked for at the start of the
-    train function, it comes up while this worker imports torch and builds the model instead
-    of after. Ray Train keeps the shard, so the loop's own ``get_dataset_shard`` call later gets
+    train function, it comes up while this worker imports raydiff's training modules and builds
+    the model instead of after. Ray Train keeps the shard, so the loop's own ``get_dataset_shard`` call later gets
     the same iterator (waiting for this request if it is still under way), and a failure shows
     there, in the loop.
     """
