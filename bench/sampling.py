@@ -46,8 +46,8 @@ def main() -> None:
     args = parser.parse_args()
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from raydiff.orchestrate.ray_session import start_local_ray
     from raydiff.orchestrate.sampling import run_sampling
-    from raydiff.orchestrate.trainer import start_local_ray
     from raydiff.sample.options import SampleOptions
     from raydiff.train.checkpoint import latest_checkpoint
 

@@ -241,7 +241,7 @@ def start_ray(
         os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(report_interval)
     runtime_env = {"env_vars": {"OMP_NUM_THREADS": str(threads)}} if omp == "match" else None
     # raydiff's own local-instance settings (what `raydiff train` starts on one machine).
-    from raydiff.orchestrate.trainer import start_local_ray
+    from raydiff.orchestrate.ray_session import start_local_ray
 
     start_local_ray(
         num_cpus=num_cpus,

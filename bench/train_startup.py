@@ -96,13 +96,14 @@ def main() -> None:
     import ray
 
     from raydiff.config import ExperimentConfig, apply_overrides
-    from raydiff.orchestrate.trainer import run_training_job, start_local_ray
+    from raydiff.orchestrate.ray_session import start_local_ray
+    from raydiff.orchestrate.trainer import run_training_job
 
     tmp = Path(tempfile.mkdtemp(prefix="raydiff-startup-"))
     data = args.data or synthetic_dataset(tmp)
-    start_local_ray(num_cpus=4, log_to_driver=False, logging_level=logging.WARNING)
+    context = start_local_ray(num_cpus=4, log_to_driver=False, logging_level=logging.WARNING)
     ray.data.DataContext.get_current().enable_progress_bars = False
-    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "train"
+    logs = Path(context.address_info["session_dir"]) / "logs" / "train"
     overrides = [
         "model.image_size=16",
         "model.in_channels=1",

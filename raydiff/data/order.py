@@ -7,14 +7,25 @@ Both data paths use these, so a seed means the same thing everywhere:
 * shuffles are keyed by (seed, epoch) (and the rank, for a Ray worker's local shuffle buffer);
   the in-memory loader's permutation uses :func:`row_order_seed`.
 
-Every seed comes from :func:`raydiff.seeding.derive_seed`. NumPy only: no torch, no Ray.
+* the block / shard-file order is Ray Data's, re-seeded by Ray per execution from the base seed
+  :func:`block_order_seed` and the dataset's execution count; a resumed run's dataset starts
+  that count at the resumed epoch (:func:`start_block_order_at`).
+
+Every seed comes from :func:`raydiff.seeding.derive_seed`. NumPy only, but for the one Ray
+function, which imports Ray when called: importing this module imports neither torch nor Ray.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from raydiff.seeding import derive_seed
+
+if TYPE_CHECKING:
+    import ray.data
 
 
 def flip_mask(index: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
@@ -41,3 +52,78 @@ def shuffle_buffer_seed(*, seed: int, epoch: int, rank: int) -> int:
 def block_order_seed(seed: int) -> int:
     """Base seed of the per-epoch block / shard-file order (Ray mixes the epoch in itself)."""
     return derive_seed(seed, "blocks", bits=32)
+
+
+def start_block_order_at(dataset: ray.data.Dataset, *, epoch: int) -> None:
+    """Make the next execution of ``dataset`` (a new one) give the block / file order that the
+    run's execution ``epoch`` had.
+
+    Ray Data re-seeds a ``reseed_after_execution`` block or file order from (seed, the dataset's
+    execution count), and counts a new dataset's executions from 0. Ray 2.60 has no public way to
+    start that count elsewhere, nor to give an execution a seed of its own (Ray Train executes
+    the one dataset it was given once per epoch), so a resumed run's new dataset would replay the
+    orders of epochs 0, 1, ... and skip other rows than the ones it trained on. This moves Ray
+    Data's private per-dataset counter, the one non-public Ray API raydiff uses; pyproject
+    bounds Ray to the release it was verified on, and a probe of Ray's behaviour
+    (:func:`_check_ray_block_order`, once per process) refuses a Ray that counts otherwise,
+    naming its version, instead of training on another order.
+    """
+    _check_ray_block_order()
+    _move_execution_counter(dataset, by=epoch)
+
+
+def _move_execution_counter(dataset: Any, *, by: int) -> None:
+    counter = getattr(dataset.context, "_execution_idx", None)
+    if not isinstance(counter, int):
+        _ray_changed("Ray Data's per-dataset execution counter is missing or not an int")
+    dataset.context._execution_idx = counter + by
+
+
+@functools.cache
+def _check_ray_block_order() -> None:
+    """Raise RuntimeError unless this Ray re-seeds a block order per execution and a new dataset
+    whose execution counter was moved by k replays execution k's order (a 16-row dataset, five
+    executions: about a second)."""
+    executed = _probe_dataset()
+    orders = [_rows(executed) for _ in range(3)]
+    if len({tuple(order) for order in orders}) < 3:
+        _ray_changed(
+            "randomize_block_order(RandomSeedConfig(reseed_after_execution=True)) gave the same "
+            "block order in two executions of one dataset"
+        )
+    for k in (1, 2):
+        moved = _probe_dataset()
+        _move_execution_counter(moved, by=k)
+        if _rows(moved) != orders[k]:
+            _ray_changed(
+                f"a new dataset whose execution counter was moved by {k} does not replay the "
+                f"block order of execution {k}"
+            )
+
+
+def _probe_dataset() -> ray.data.Dataset:
+    import ray.data
+    from ray.data import RandomSeedConfig
+
+    dataset = ray.data.range(16, override_num_blocks=16).randomize_block_order(
+        seed=RandomSeedConfig(seed=0, reseed_after_execution=True)
+    )
+    dataset.context.execution_options.preserve_order = True  # row order = block order
+    return dataset
+
+
+def _rows(dataset: ray.data.Dataset) -> list[int]:
+    return [int(row["id"]) for row in dataset.take_all()]
+
+
+def _ray_changed(problem: str) -> None:
+    import ray
+
+    raise RuntimeError(
+        f"Ray {ray.__version__}: {problem}. raydiff starts a resumed run's block / file order at "
+        "its epoch through this (verified on Ray 2.60); with this Ray the run would silently "
+        "train on another order. Resume with the Ray raydiff supports (pip install "
+        "'ray[default,train,tune,data]>=2.60,<2.61'), or set data.shuffle_blocks=false (no "
+        "per-epoch block order to restore), and report it so that "
+        "raydiff.data.order.start_block_order_at can be updated."
+    )

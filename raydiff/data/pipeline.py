@@ -37,7 +37,12 @@ import numpy as np
 
 from raydiff.data.config import DataConfig
 from raydiff.data.manifest import Manifest, check_compatible, load_manifest
-from raydiff.data.order import block_order_seed, flip_mask, shuffle_buffer_seed
+from raydiff.data.order import (
+    block_order_seed,
+    flip_mask,
+    shuffle_buffer_seed,
+    start_block_order_at,
+)
 from raydiff.errors import UserInputError
 from raydiff.storage import open_filesystem
 
@@ -205,85 +210,11 @@ def build_split(
         )
     dataset.context.execution_options.preserve_order = config.deterministic
     if reorder and epoch_offset:
-        # Ray re-seeds the block / file order from (seed, execution index) and counts the
-        # executions of this dataset object from where it stands now. A resumed run builds a new
-        # object, so move its count to where the uninterrupted run's was at the resumed epoch:
-        # its next execution then gives that epoch's order (and skip_batches drops exactly the
-        # batches already trained on). Ray 2.60 has no public way to start or reseed that count:
-        # ``_execution_idx`` is private, so check_execution_counter first verifies that this Ray
-        # still behaves as assumed (tests/integration/test_data_pipeline.py pins the result).
-        check_execution_counter(dataset)
-        dataset.context._execution_idx += epoch_offset
+        # A resumed run builds a new dataset, whose executions Ray counts from 0: start its
+        # block / file order at the resumed epoch (raydiff.data.order), so that skip_batches
+        # drops exactly the batches already trained on.
+        start_block_order_at(dataset, epoch=epoch_offset)
     return dataset
-
-
-def check_execution_counter(dataset: ray.data.Dataset) -> None:
-    """Raise RuntimeError unless Ray Data's private per-dataset execution counter is what
-    ``build_split`` moves for a resumed run: ``dataset.context._execution_idx`` is an int, Ray
-    adds one per execution, a ``reseed_after_execution`` seed changes the block order with it,
-    and a new dataset whose counter was moved to k replays the order of execution k.
-
-    Without this a Ray upgrade that renamed or re-purposed the counter would silently give a
-    resumed run another epoch's data order (and ``skip_batches`` would drop the wrong rows).
-    The behavioural probe (three executions of a 16-row dataset, ~1 s) runs once per process.
-    """
-    if not isinstance(getattr(dataset.context, "_execution_idx", None), int):
-        _execution_counter_error("DataContext._execution_idx is missing or not an int")
-    _probe_execution_counter()
-
-
-@functools.cache
-def _probe_execution_counter() -> None:
-    import ray.data
-    from ray.data import RandomSeedConfig
-
-    def probe() -> ray.data.Dataset:
-        dataset = ray.data.range(16, override_num_blocks=16).randomize_block_order(
-            seed=RandomSeedConfig(seed=0, reseed_after_execution=True)
-        )
-        dataset.context.execution_options.preserve_order = True  # order = block order
-        return dataset
-
-    def execute(dataset: ray.data.Dataset) -> list[int]:
-        return [int(row["id"]) for row in dataset.take_all()]
-
-    first = probe()
-    start = getattr(first.context, "_execution_idx", None)
-    if not isinstance(start, int):
-        _execution_counter_error("DataContext._execution_idx is missing or not an int")
-    orders = []
-    for done in (1, 2):
-        orders.append(execute(first))
-        if first.context._execution_idx != start + done:
-            _execution_counter_error(
-                f"DataContext._execution_idx went from {start} to "
-                f"{first.context._execution_idx} after {done} execution(s), not up by one each"
-            )
-    if orders[0] == orders[1]:
-        _execution_counter_error(
-            "randomize_block_order(RandomSeedConfig(reseed_after_execution=True)) gave the same "
-            "block order in two executions"
-        )
-    moved = probe()
-    moved.context._execution_idx += 1
-    if execute(moved) != orders[1]:
-        _execution_counter_error(
-            "a new dataset whose DataContext._execution_idx was moved by one does not replay "
-            "the second execution's block order"
-        )
-
-
-def _execution_counter_error(problem: str) -> None:
-    import ray
-
-    raise RuntimeError(
-        f"Ray {ray.__version__}: {problem}. raydiff moves this private Ray Data counter so that a "
-        "run resumed in a later epoch sees that epoch's block / file order (verified on Ray "
-        "2.60.0); with this Ray it would silently train on another order. Resume with the Ray "
-        "raydiff supports (pip install 'ray[default,train,tune,data]==2.60.0'), or set "
-        "data.shuffle_blocks=false (no per-epoch block order to restore), and report it so that "
-        "raydiff.data.pipeline.build_split can be updated."
-    )
 
 
 def _read_shards(uris: list[str], *, shuffle: Any) -> ray.data.Dataset:

@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 def run_bpd(options: BpdOptions, *, address: str | None = None) -> BpdResult:
     """The bound in bits/dim of ``options.split``'s images under the checkpoint's model."""
-    from raydiff.orchestrate.trainer import ensure_ray, quiet_ray_console
+    from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console
 
     job = prepare_bpd(options)  # every check before Ray starts
     ensure_ray(address=address, num_workers=options.num_workers, cpus_per_worker=1.0)

@@ -25,8 +25,8 @@ from raydiff.config import ExperimentConfig
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import ScheduleSampler, UniformSampler
 from raydiff.data.pipeline import iterate_batches
+from raydiff.orchestrate.loss_history_actor import ActorSyncedSampler
 from raydiff.orchestrate.metrics import TrainingMetrics
-from raydiff.orchestrate.sampler_actor import ActorSyncedSampler
 from raydiff.storage import RemotePath, local_copy
 from raydiff.train.checkpoint import (
     checkpoint_name,

@@ -53,7 +53,7 @@ Guidance = tuple[Any, dict[str, Any], float]
 
 def run_sampling(options: SampleOptions, *, address: str | None = None) -> SampleResult:
     """Generate ``options.num_samples`` samples on ``options.num_workers`` Ray actors."""
-    from raydiff.orchestrate.trainer import ensure_ray, quiet_ray_console
+    from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console
 
     out = resolve_location(options.out)  # a local folder, or a URI (s3://, gs://, ...)
     if out.exists() and any(out.iterdir()):

@@ -19,6 +19,7 @@ The sweep folder::
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -37,16 +38,8 @@ from raydiff.config import to_yaml
 from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.data.pipeline import cache_splits
 from raydiff.errors import UserInputError
-from raydiff.orchestrate.console import verbose
-from raydiff.orchestrate.local_instance import trial_actors_inherit_environment
-from raydiff.orchestrate.trainer import (
-    absolute_uri,
-    ensure_ray,
-    quiet_ray_console,
-    run_training_job,
-    sampler_actor_key,
-    start_run_state_actor,
-)
+from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console, verbose
+from raydiff.orchestrate.trainer import absolute_uri, run_training_job, sampler_actor_key
 from raydiff.storage import RemotePath, as_location, resolve_location, write_text_atomically
 from raydiff.sweep.results import (
     TrialRow,
@@ -145,7 +138,7 @@ class TrialLifecycle(tune.Callback):
         self._release(trial)
 
     def _release(self, trial: Any) -> None:
-        from raydiff.orchestrate.sampler_actor import kill_actor
+        from raydiff.orchestrate.loss_history_actor import kill_actor
 
         kill_actor(sampler_actor_key(self._trials_dir / self._name(trial)))
 
@@ -202,6 +195,35 @@ def _param_space(dims: tuple[SearchDimension, ...]) -> dict[str, Any]:
     return {d.field: make[d.kind](d.values) for d in dims}
 
 
+def run_trial(
+    params: dict[str, Any],
+    *,
+    loaded: LoadedSweep,
+    trials_dir: Path | RemotePath,
+    manifest: Manifest,
+    cached_splits: dict[str, Any],
+) -> None:
+    """The Tune trainable (bound to its sweep by :func:`_trainable`): one trial = one
+    ``run_training_job`` into ``trials_dir/<name>``."""
+    # The driver named the trial's Tune folder (trial_run_name); its run folder is named alike.
+    name = Path(tune.get_context().get_trial_dir()).name
+    config = loaded.trial_config(params, trial_number=number_of_trial_dir(name))
+    run_dir = trials_dir / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # Which trial this run is, and when it (last) started, its process and this function:
+    # bench/sweep_overhead.py reads them.
+    info = {"trial_id": tune.get_context().get_trial_id(), "params": params}
+    started = {"process_started": process_start_time(), "started": time.time()}
+    (run_dir / TRIAL_FILE).write_text(json.dumps({**info, **started}, indent=2))
+    run_training_job(
+        config,
+        output_dir=run_dir,
+        manifest=manifest,
+        callbacks=[EvaluationRelay(loaded.sweep.metric)],
+        cached_splits=cached_splits,
+    )
+
+
 def _trainable(
     loaded: LoadedSweep,
     *,
@@ -209,30 +231,15 @@ def _trainable(
     manifest: Manifest,
     cached_splits: dict[str, Any],
 ) -> Any:
-    """The Tune trainable: one trial = one ``run_training_job`` into ``trials_dir/<name>``."""
-    metric = loaded.sweep.metric
-
-    def run_trial(params: dict[str, Any]) -> None:
-        # The driver named the trial's Tune folder (trial_run_name); its run folder is named alike.
-        name = Path(tune.get_context().get_trial_dir()).name
-        config = loaded.trial_config(params, trial_number=number_of_trial_dir(name))
-        run_dir = trials_dir / name
-        run_dir.mkdir(parents=True, exist_ok=True)
-        # Which trial this run is, and when it (last) started, its process and this function:
-        # bench/sweep_overhead.py reads them.
-        info = {"trial_id": tune.get_context().get_trial_id(), "params": params}
-        started = {"process_started": process_start_time(), "started": time.time()}
-        (run_dir / TRIAL_FILE).write_text(json.dumps({**info, **started}, indent=2))
-        run_training_job(
-            config,
-            output_dir=run_dir,
-            manifest=manifest,
-            callbacks=[EvaluationRelay(metric)],
-            cached_splits=cached_splits,
-        )
-
-    per_trial = {"CPU": TRIAL_DRIVER_CPUS}
-    return tune.with_resources(run_trial, per_trial)
+    """:func:`run_trial` bound to this sweep, with a trial's resources."""
+    trial = functools.partial(
+        run_trial,
+        loaded=loaded,
+        trials_dir=trials_dir,
+        manifest=manifest,
+        cached_splits=cached_splits,
+    )
+    return tune.with_resources(trial, {"CPU": TRIAL_DRIVER_CPUS})
 
 
 def _default_concurrency(loaded: LoadedSweep) -> int:
@@ -250,6 +257,18 @@ def _default_concurrency(loaded: LoadedSweep) -> int:
     return max(1, int(cpus // per_trial))
 
 
+class TrialDirName:
+    """A trial's name and folder name: its number (:class:`TrialNumbers`) and its values."""
+
+    def __init__(self, out: Path | RemotePath, dims: tuple[SearchDimension, ...]) -> None:
+        self._numbers = TrialNumbers(out)
+        self._dims = dims
+
+    def __call__(self, trial: Any) -> str:
+        values = _display_values(self._dims, trial.config)
+        return trial_run_name(self._numbers(trial.trial_id), values)
+
+
 def _tuner(
     loaded: LoadedSweep,
     *,
@@ -258,9 +277,7 @@ def _tuner(
     concurrency: int,
     restore: bool,
 ) -> tune.Tuner:
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-    from ray.tune.search.basic_variant import BasicVariantGenerator
-
+    """A new sweep's ``Tuner``, or (``restore``) the interrupted one's."""
     sweep = loaded.sweep
     trials_dir = out / TRIALS_DIR
     if not verbose():
@@ -285,47 +302,19 @@ def _tuner(
             resume_errored=False,
             restart_errored=False,
         )
-    if sweep.search == "optuna":
-        try:
-            from ray.tune.search.optuna import OptunaSearch
-
-            search_alg = OptunaSearch(seed=sweep.seed)
-        except (ImportError, AssertionError):
-            raise UserInputError(
-                "search: optuna needs the optuna package: pip install 'raydiff[optuna]' "
-                "(or use search: random)"
-            ) from None
-    else:
-        # Tune's max_concurrent_trials only limits Searchers: this generator takes its own.
-        search_alg = BasicVariantGenerator(random_state=sweep.seed, max_concurrent=concurrency)
-    if sweep.scheduler.name == "asha":
-        scheduler: Any = ASHAScheduler(
-            time_attr="step",
-            max_t=loaded.max_steps,
-            grace_period=min(loaded.grace_period, loaded.max_steps),
-            reduction_factor=sweep.scheduler.reduction_factor,
-        )
-    else:
-        scheduler = FIFOScheduler()
-    dims = loaded.dimensions
-
-    numbers = TrialNumbers(out)
-
-    def dirname(trial: Any) -> str:
-        return trial_run_name(numbers(trial.trial_id), _display_values(dims, trial.config))
-
+    name = TrialDirName(out, loaded.dimensions)
     return tune.Tuner(
         trainable,
-        param_space=_param_space(dims),
+        param_space=_param_space(loaded.dimensions),
         tune_config=tune.TuneConfig(
             metric=sweep.metric,
             mode=sweep.mode,
-            search_alg=search_alg,
-            scheduler=scheduler,
+            search_alg=_search_algorithm(loaded, concurrency=concurrency),
+            scheduler=_scheduler(loaded),
             num_samples=sweep.num_samples,
             max_concurrent_trials=None if sweep.search == "random" else concurrency,
-            trial_name_creator=dirname,
-            trial_dirname_creator=dirname,
+            trial_name_creator=name,
+            trial_dirname_creator=name,
         ),
         run_config=tune.RunConfig(
             name=TUNE_DIR,
@@ -339,6 +328,40 @@ def _tuner(
             ],
             verbose=0,  # raydiff's own progress lines (TrialLifecycle) instead of Tune's tables
         ),
+    )
+
+
+def _search_algorithm(loaded: LoadedSweep, *, concurrency: int) -> Any:
+    """Tune's searcher for ``search``: Optuna's TPE, or random / grid variants."""
+    sweep = loaded.sweep
+    if sweep.search == "optuna":
+        try:
+            from ray.tune.search.optuna import OptunaSearch
+
+            return OptunaSearch(seed=sweep.seed)
+        except (ImportError, AssertionError):
+            raise UserInputError(
+                "search: optuna needs the optuna package: pip install 'raydiff[optuna]' "
+                "(or use search: random)"
+            ) from None
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    # Tune's max_concurrent_trials only limits Searchers: this generator takes its own.
+    return BasicVariantGenerator(random_state=sweep.seed, max_concurrent=concurrency)
+
+
+def _scheduler(loaded: LoadedSweep) -> Any:
+    """Tune's trial scheduler: ASHA's early stopping on the step count, or FIFO."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    scheduler = loaded.sweep.scheduler
+    if scheduler.name != "asha":
+        return FIFOScheduler()
+    return ASHAScheduler(
+        time_attr="step",
+        max_t=loaded.max_steps,
+        grace_period=min(loaded.grace_period, loaded.max_steps),
+        reduction_factor=scheduler.reduction_factor,
     )
 
 
@@ -431,7 +454,6 @@ def _run(
         cpus_per_worker=scaling.cpus_per_worker + TRIAL_DRIVER_CPUS / scaling.num_workers,
     )
     quiet_ray_console()
-    start_run_state_actor()  # comes up while the datasets are decoded for the trials
     if not verbose():
         # Tune's newer console output prints its experiment box and paths even at verbose=0;
         # the older engine is silent at 0. raydiff prints its own lines and the table.
@@ -445,8 +467,7 @@ def _run(
         scaling.num_workers,
     )
     tuner = _tuner(loaded, out=out, manifest=manifest, concurrency=concurrency, restore=restore)
-    with trial_actors_inherit_environment():  # on a local instance: no trial runtime_env
-        grid = tuner.fit()
+    grid = tuner.fit()
     # After Ctrl-C Tune stops the running trials and marks them terminated in memory, as if
     # they had finished; the state it saved for --resume still says which had not.
     analysis = tune.ExperimentAnalysis(tune_path(out), storage_filesystem=storage_filesystem(out))
@@ -454,7 +475,7 @@ def _run(
     unfinished = {name for name, status in saved.items() if status not in ("TERMINATED", "ERROR")}
     interrupted = bool(unfinished)
     rows = [_row(loaded, out=out, result=result, unfinished=unfinished) for result in grid]
-    from raydiff.orchestrate.sampler_actor import kill_actor
+    from raydiff.orchestrate.loss_history_actor import kill_actor
 
     for row in rows:  # trials stopped by Ctrl-C never reach TrialLifecycle's clean-up
         kill_actor(sampler_actor_key(as_location(row.run_dir)))

@@ -1,10 +1,11 @@
 """``train_loop_per_worker``: the one training loop (``raydiff.train.loop``) on a Ray Train worker.
 
 This module imports no torch, on purpose: the driver (a sweep's trial too) pickles the function
-by reference, so importing this module is all it costs there, and on the worker the training
-split's shard is asked for before torch is imported (:func:`request_shard_early`), then the
-worker joins the run's process group (``raydiff.orchestrate.torch_backend``). The loop's runtime
-on a worker is :class:`raydiff.orchestrate.ray_runtime.RayRuntime`.
+by reference, so importing this module is all it costs there. Ray Train's ``TorchConfig`` has
+set up the run's process group (gloo, or NCCL on the worker's GPU) before the function starts;
+the function first asks for the training split's shard (:func:`request_shard_early`), then
+builds the model. The loop's runtime on a worker is
+:class:`raydiff.orchestrate.ray_runtime.RayRuntime`.
 """
 
 from __future__ import annotations
@@ -25,18 +26,17 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     """The function every Ray Train worker runs.
 
     ``loop_config``: ``config`` (the ExperimentConfig itself), ``actor_key`` (names the run's
-    sampler actor), ``output_dir``, ``resume`` (the checkpoint to start from when Ray Train has
+    loss-history actor), ``output_dir``, ``resume`` (the checkpoint to start from when Ray Train has
     none of its own for this run; both local paths, or ``raydiff.storage.RemotePath`` s that
-    carry their filesystem) and ``datasets`` (the names of the datasets passed to Train).
+    carry their filesystem), ``datasets`` (the names of the datasets passed to Train) and
+    ``verbose`` (``raydiff -v``: Ray's console output as Ray makes it).
     """
     config: ExperimentConfig = loop_config["config"]
     if "train" in loop_config["datasets"]:
         request_shard_early("train")
-    from raydiff.orchestrate.ray_runtime import RayRuntime  # torch: seconds to import
-    from raydiff.orchestrate.torch_backend import join_process_group
+    from raydiff.orchestrate.ray_runtime import RayRuntime  # the model's modules: seconds
     from raydiff.train.loop import run_loop
 
-    join_process_group(use_gpu=config.scaling.use_gpu)
     context = ray.train.get_context()
     runtime = RayRuntime(
         config,
@@ -47,7 +47,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         resume=as_location(loop_config["resume"]) if loop_config["resume"] else None,
         has_val="val" in loop_config["datasets"],
     )
-    _configure_logging(runtime.rank)
+    _configure_logging(runtime.rank, verbose=loop_config["verbose"])
     return run_loop(config, runtime=runtime, output_dir=runtime.output_dir)
 
 
@@ -56,8 +56,8 @@ def request_shard_early(name: str) -> None:
 
     The first request of a streaming-split dataset makes Ray Data start the split's coordinator,
     a new actor process (1.5-3 s here before its first batch); asked for at the start of the
-    train function, it comes up while this worker imports torch and builds the model instead
-    of after. Ray Train keeps the shard, so the loop's own ``get_dataset_shard`` call later gets
+    train function, it comes up while this worker imports raydiff's training modules and builds
+    the model instead of after. Ray Train keeps the shard, so the loop's own ``get_dataset_shard`` call later gets
     the same iterator (waiting for this request if it is still under way), and a failure shows
     there, in the loop.
     """
@@ -66,11 +66,11 @@ def request_shard_early(name: str) -> None:
     pool.shutdown(wait=False)
 
 
-def _configure_logging(rank: int) -> None:
+def _configure_logging(rank: int, *, verbose: bool) -> None:
     """raydiff's loggers rank-prefixed, INFO on rank 0 and WARNING elsewhere.
 
-    Ray's console output is set for the whole job by ``raydiff.orchestrate.console`` (Ray Train's
-    own ``ray.train`` logs follow the run's ``LoggingConfig``), not here.
+    Ray's console output is set for the whole job by ``raydiff.orchestrate.ray_session`` (Ray
+    Train's own ``ray.train`` logs follow the run's ``LoggingConfig``), not here.
     """
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(name)s: %(message)s"))
@@ -78,11 +78,10 @@ def _configure_logging(rank: int) -> None:
     package.handlers[:] = [handler]
     package.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     package.propagate = False
-    # Ray Train logs every report at INFO from every rank, under a logger named after its file
-    # (outside "ray.train", so its LoggingConfig does not reach it); keep its warnings only.
-    try:
-        import ray.train.v2._internal.execution.context as train_context
-
-        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
-    except ImportError:  # another Ray version: its logs stay as they are
-        pass
+    if not verbose:
+        # Ray's INFO lines of this process, through its public loggers: Ray Train logs every
+        # report of every rank under a logger named after its source file, which reaches the
+        # root logger; the validation split is executed here, by every rank ("Starting
+        # execution of Dataset"; Ray Data set its logger's level on import, done by now).
+        for name in ("", "ray.data"):
+            logging.getLogger(name).setLevel(logging.WARNING)

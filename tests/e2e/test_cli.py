@@ -96,7 +96,7 @@ def test_train_cli_on_two_ray_workers(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "final metrics: step 12" in done.stdout
-    # Ray's own chatter stays in its log files (raydiff.orchestrate.console; `raydiff -v` shows it).
+    # Ray's own chatter stays in its log files (raydiff.orchestrate.ray_session; `raydiff -v` shows it).
     console = done.stdout + done.stderr
     assert "[State Transition]" not in console and "DeprecationWarning" not in console, console
     assert sorted(p.name for p in out.glob("checkpoint_0*")) == [

@@ -45,7 +45,7 @@ def ray_cluster() -> Iterator[None]:
 
     import ray.data
 
-    from raydiff.orchestrate.trainer import start_local_ray
+    from raydiff.orchestrate.ray_session import start_local_ray
 
     start_local_ray(
         num_cpus=4,

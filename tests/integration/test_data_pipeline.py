@@ -83,28 +83,30 @@ def test_a_run_resumed_in_a_later_epoch_sees_that_epochs_order(
 def test_a_ray_whose_execution_counter_changed_is_refused(
     ray_cluster: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # build_split moves Ray Data's private DataContext._execution_idx for a resumed run; a Ray
-    # where it is gone or no longer counts executions must stop the run, naming the version,
-    # instead of silently giving it another epoch's order.
+    # raydiff.data.order.start_block_order_at moves Ray Data's private per-dataset execution
+    # counter for a resumed run; a Ray where it is gone or no longer counts executions must stop
+    # the run, naming the version, instead of silently giving it another epoch's order.
     import types
 
     import ray
     from ray.data._internal.execution.callbacks import execution_idx_update_callback
 
-    from raydiff.data.pipeline import _probe_execution_counter, check_execution_counter
+    from raydiff.data.order import _check_ray_block_order, start_block_order_at
 
-    _probe_execution_counter.__wrapped__()  # this Ray passes (uncached: the probe really runs)
+    _check_ray_block_order.__wrapped__()  # this Ray passes (uncached: the probe really runs)
     no_counter = types.SimpleNamespace(context=types.SimpleNamespace())
-    with pytest.raises(RuntimeError, match=rf"Ray {ray.__version__}: .*_execution_idx is missing"):
-        check_execution_counter(no_counter)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match=rf"Ray {ray.__version__}: .*counter is missing"):
+        start_block_order_at(no_counter, epoch=1)  # type: ignore[arg-type]
     # A Ray that keeps the attribute but stops counting executions with it.
     monkeypatch.setattr(
         execution_idx_update_callback.ExecutionIdxUpdateCallback,
         "after_execution_succeeds",
         lambda self, executor: None,
     )
-    with pytest.raises(RuntimeError, match=r"went from (\d+) to \1 after 1 execution.*==2\.60\.0"):
-        _probe_execution_counter.__wrapped__()
+    with pytest.raises(
+        RuntimeError, match=rf"Ray {ray.__version__}: .*same block order.*>=2\.60,<2\.61"
+    ):
+        _check_ray_block_order.__wrapped__()
 
 
 @pytest.mark.parametrize("cache_max_bytes", [1 << 30, 0], ids=["cached", "streamed"])

@@ -185,7 +185,7 @@ def serve_cluster(temp_dir: str) -> None:
             ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
 
     def actor(run_dir: str) -> Any:
-        from raydiff.orchestrate.sampler_actor import ACTOR_NAMESPACE, actor_name
+        from raydiff.orchestrate.loss_history_actor import ACTOR_NAMESPACE, actor_name
         from raydiff.orchestrate.trainer import sampler_actor_key
 
         connect()
@@ -215,7 +215,7 @@ def serve_cluster(temp_dir: str) -> None:
             elif op == "place_actor":
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-                from raydiff.orchestrate.sampler_actor import (
+                from raydiff.orchestrate.loss_history_actor import (
                     ACTOR_NAMESPACE,
                     LossHistoryActor,
                     actor_name,
@@ -711,7 +711,7 @@ def interrupted_run(fault_cluster, tiny_dataset, tmp_path_factory) -> Interrupte
     out = (tmp_path_factory.mktemp("interrupted") / "interrupted").resolve()
     max_steps = 16
     args = (fault_cluster, tiny_dataset.path, out, f"train.max_steps={max_steps}")
-    from raydiff.orchestrate.sampler_actor import actor_name
+    from raydiff.orchestrate.loss_history_actor import actor_name
     from raydiff.orchestrate.trainer import sampler_actor_key
     from raydiff.train.checkpoint import latest_checkpoint
 

@@ -74,8 +74,7 @@ def cluster_env() -> dict[str, str]:
         RAY_AUTH_MODE="disabled",  # a throwaway cluster: no token (docs/operations.md)
         RAY_USAGE_STATS_ENABLED="0",
         RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.2",  # report() is a barrier of one poll interval
-        # One process less to start: nothing preempts a test cluster (as for raydiff's local
-        # instances, raydiff.orchestrate.trainer.LOCAL_INSTANCE_ENV).
+        # One process less to start: nothing preempts a test cluster.
         RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0",
         # And one actor less (~5 s of CPU here): Ray Train's state tracking only feeds the
         # dashboard's Train page (raydiff switches it on where it is unset).

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 
 def test_the_workers_of_a_local_instance_run_the_setup_hook(ray_cluster):
-    """``start_local_ray`` hands its workers raydiff's setup hook through their environment (no
-    job runtime_env): it pins their cluster lookups to this instance (``pin_ray_address``)."""
+    """``start_local_ray`` gives its workers raydiff's setup hook (the job's runtime_env): it pins
+    their cluster lookups to this instance (``pin_ray_address``)."""
     import os
 
     import ray

@@ -88,12 +88,10 @@ def test_asha_stops_a_bad_trial_and_the_results_list_every_trial(
         scheduler={"name": "asha", "grace_period": 8, "reduction_factor": 2},
     )
     out = tmp_path / "sweep_out"
-    actors_before = set(_actor_ids())
     outcome = start_sweep(load_sweep(sweep), output_dir=out)
     print(outcome.table)
 
     assert not outcome.interrupted
-    _assert_trial_actors_had_no_runtime_env(exclude=actors_before)
     rows = read_results(out)
     trial_dirs = sorted(p.name for p in (out / "trials").iterdir())
     assert [r["trial"] for r in rows] == trial_dirs and len(rows) == 4
@@ -122,33 +120,6 @@ def test_asha_stops_a_bad_trial_and_the_results_list_every_trial(
     assert outcome.best_checkpoint == best["checkpoint"]
     assert "*" in outcome.table and "stopped early" in outcome.table
     _assert_nothing_left_behind()
-
-
-def _actor_ids(class_name: str | None = None) -> dict[str, str]:
-    """Every actor the cluster has had (of ``class_name``): id -> serialized runtime_env."""
-    from ray.util.state import list_actors
-
-    filters = [("class_name", "=", class_name)] if class_name else None
-    actors = list_actors(filters=filters, detail=True, limit=10_000, raise_on_missing_output=False)
-    return {a.actor_id: a.serialized_runtime_env for a in actors}
-
-
-def _assert_trial_actors_had_no_runtime_env(*, exclude: set[str]) -> None:
-    """On a local instance, a trial and the actors of its Ray Train run start without a
-    runtime_env, but the training workers (raydiff.orchestrate.local_instance): each would start
-    through Ray's runtime-env agent and setup_worker.py, a second Python process."""
-    for kind in (
-        # The trial's own actor (ImplicitFunc) is not always listed by the state API after a long
-        # session; its report queue, which it starts, inherits its runtime_env and shows it.
-        "_QueueActor",  # the trial's report queue (TuneReportCallback)
-        "TrainController",
-        "PlacementGroupCleaner",
-        "SynchronizationActor",
-        "DatasetManager",
-    ):
-        started = {i: env for i, env in _actor_ids(kind).items() if i not in exclude}
-        assert started, f"no {kind} actor of this sweep listed"
-        assert set(started.values()) == {"{}"}, (kind, started)
 
 
 def _assert_nothing_left_behind() -> None:

@@ -74,7 +74,7 @@ def two_worker_run_in(out: Path, data_dir: Path) -> TwoWorkerRun:
     import numpy as np
     import ray
 
-    from raydiff.orchestrate.sampler_actor import get_or_create_actor
+    from raydiff.orchestrate.loss_history_actor import get_or_create_actor
     from raydiff.orchestrate.trainer import sampler_actor_key
 
     # The loss-history actor is detached: one left by a killed driver (or by a worker group that
@@ -134,11 +134,9 @@ def test_two_workers_write_checkpoints_events_and_samples(two_worker_run):
     assert "samples/ema" in tags["images"]
     assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6, 8]
 
-    # A local instance (start_local_ray) runs no preemption watcher: nothing can preempt it.
     seen = " ".join(two_worker_run.process_titles)
     assert "ray::LossHistoryActor" in seen, seen  # the monitor does see this run's actors
     assert "ray::RayTrainWorker" in seen, seen
-    assert "PreemptionWatcher" not in seen, seen
 
 
 def _cluster_processes() -> dict[int, str]:
@@ -294,7 +292,7 @@ def test_a_driver_does_not_join_another_processs_private_instance(ray_cluster):
     ours = ray.get_runtime_context().gcs_address
     code = (
         "import json, ray\n"
-        "from raydiff.orchestrate.trainer import ensure_ray\n"
+        "from raydiff.orchestrate.ray_session import ensure_ray\n"
         "ensure_ray(address=None, num_workers=1, cpus_per_worker=1)\n"
         "print(json.dumps(ray.get_runtime_context().gcs_address))\n"
         "ray.shutdown()\n"

@@ -29,7 +29,7 @@ def ray_init_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
 
 def test_an_address_given_is_joined_without_local_resources(ray_init_calls, monkeypatch):
-    from raydiff.orchestrate.trainer import ensure_ray
+    from raydiff.orchestrate.ray_session import ensure_ray
 
     ensure_ray(address="auto", num_workers=2, cpus_per_worker=1.0)
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # what `ray job submit` sets
@@ -39,10 +39,10 @@ def test_an_address_given_is_joined_without_local_resources(ray_init_calls, monk
 
 
 def test_without_an_address_a_local_instance_with_spare_cpus_starts(ray_init_calls, monkeypatch):
-    from raydiff.orchestrate import trainer
+    from raydiff.orchestrate import ray_session
 
     started: list[dict[str, Any]] = []
     context = SimpleNamespace(dashboard_url="", address_info={"session_dir": "/tmp/ray/x"})
-    monkeypatch.setattr(trainer, "start_local_ray", lambda **kw: started.append(kw) or context)
-    trainer.ensure_ray(address=None, num_workers=4, cpus_per_worker=1.0)
+    monkeypatch.setattr(ray_session, "start_local_ray", lambda **kw: started.append(kw) or context)
+    ray_session.ensure_ray(address=None, num_workers=4, cpus_per_worker=1.0)
     assert ray_init_calls == [] and started[0]["num_cpus"] >= 4 + 2  # room for Ray Data

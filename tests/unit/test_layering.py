@@ -59,18 +59,15 @@ def test_the_check_sees_a_leak() -> None:
     ) == [[], ["raydiff.errors"]]
 
 
-def test_what_a_runs_controller_and_a_sweep_trial_load_imports_no_torch() -> None:
-    """A run's Ray Train controller unpickles its backend config, its callbacks (a sweep's
-    relay) and the train function's config; the driver and a sweep trial pickle the train
-    function by reference. None of their modules may import torch: it costs each of those
-    processes seconds before the workers start (raydiff.orchestrate.torch_backend)."""
+def test_the_drivers_ray_modules_import_no_torch() -> None:
+    """A run's driver and a sweep's trial check the run before they start anything: the modules
+    they load for that import no torch (seconds to import); Ray Train's TorchTrainer brings it
+    once the checks have passed."""
     [loaded] = loaded_after(
         (
             "import raydiff.orchestrate.trainer, raydiff.orchestrate.worker, "
-            "raydiff.orchestrate.torch_backend, raydiff.orchestrate.sweep, "
-            "raydiff.orchestrate.local_instance, "
-            "raydiff.train.checkpoint\n"
-            "from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer",
+            "raydiff.orchestrate.sweep, raydiff.orchestrate.ray_session, "
+            "raydiff.train.checkpoint",
             ("torch",),
         )
     )

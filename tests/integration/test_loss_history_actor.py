@@ -17,7 +17,7 @@ import torch
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
-    from raydiff.orchestrate.sampler_actor import ActorSyncedSampler
+    from raydiff.orchestrate.loss_history_actor import ActorSyncedSampler
 
 NUM_TIMESTEPS = 20
 HISTORY_PER_TERM = 10  # history_sampler's losses per t (IDDPM's default)
@@ -30,7 +30,7 @@ def _loss_of(t: np.ndarray) -> np.ndarray:
 
 @pytest.fixture
 def run_name() -> Iterator[str]:
-    from raydiff.orchestrate.sampler_actor import kill_actor
+    from raydiff.orchestrate.loss_history_actor import kill_actor
 
     name = f"test-sampler-{uuid.uuid4().hex[:10]}"
     yield name
@@ -43,7 +43,7 @@ def test_two_ranks_reach_the_same_non_uniform_weights_at_the_same_steps(
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from raydiff.orchestrate.sampler_actor import get_or_create_actor
+    from raydiff.orchestrate.loss_history_actor import get_or_create_actor
 
     num_steps, refresh_interval, batch = 40, 2, 16
     out = tmp_path / "weights"
@@ -56,7 +56,7 @@ def test_two_ranks_reach_the_same_non_uniform_weights_at_the_same_steps(
         import ray.train
         import torch.distributed as dist
 
-        from raydiff.orchestrate.sampler_actor import ActorSyncedSampler, _StepCount
+        from raydiff.orchestrate.loss_history_actor import ActorSyncedSampler, _StepCount
 
         rank = ray.train.get_context().get_world_rank()
         sampler = ActorSyncedSampler(
@@ -181,7 +181,7 @@ def test_a_killed_actor_comes_back_with_the_newest_checkpoints_history(
 ) -> None:
     import ray
 
-    from raydiff.orchestrate.sampler_actor import (
+    from raydiff.orchestrate.loss_history_actor import (
         ActorSyncedSampler,
         _StepCount,
         get_or_create_actor,

@@ -1,0 +1,157 @@
+"""A run's Ray session: join the cluster it is given or start a local instance, and keep Ray's own
+chatter off the console.
+
+Quiet is the default; ``raydiff -v`` (DEBUG on the ``raydiff`` logger) leaves Ray's console
+output as Ray makes it. Only Ray's public switches are used, and Ray's log files keep what they
+keep:
+
+- ``ray.init(logging_level=WARNING)``: the driver's ``ray`` logger drops Ray's INFO lines
+  ("Started a local Ray instance", the token-auth notice);
+- Ray Train's ``LoggingConfig(log_level="WARNING")`` (:func:`train_log_level`): no "[State
+  Transition]", "Attempting to start training worker group" on the console, while
+  ``logs/train/ray-train-sys-*.log`` keep every level;
+- the driver's ``ray.tune`` and ``ray.data`` loggers at WARNING (:func:`quiet_ray_console`): no
+  Tune banners, no "Starting execution of Dataset" for the splits the driver decodes (those
+  lines then stay out of the driver's ``ray-data.log`` too); each training worker does the same
+  for itself (``raydiff.orchestrate.worker``). Ray Data's lines from its own worker processes
+  (a split coordinator's) still print, as Ray Data makes them;
+- the job's ``worker_process_setup_hook`` (a documented ``runtime_env`` field) runs
+  :func:`quiet_ray_worker` in every Ray worker: deprecation and future warnings raised inside
+  Ray's own modules are ignored there, and the worker's cluster lookups are pinned to its own
+  cluster (:func:`pin_ray_address`).
+
+Errors are untouched: a failing worker's traceback still comes back in the exception
+``fit()`` raises, and WARNING/ERROR records of Ray Train and Ray Data still print.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import warnings
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+QUIET_HOOK = f"{__name__}.quiet_ray_worker"
+VERBOSE_HOOK = f"{__name__}.pin_ray_address"
+
+
+def verbose() -> bool:
+    """Whether the user asked for Ray's console output (``raydiff -v``)."""
+    return logging.getLogger("raydiff").isEnabledFor(logging.DEBUG)
+
+
+def ensure_ray(
+    *, address: str | None, num_workers: int, cpus_per_worker: float, extra_cpus: float = 0.0
+) -> None:
+    """Join the Ray cluster at ``address``, else start a local instance for this run.
+
+    ``address``: ``auto`` (the cluster a ``ray start`` on this machine runs), ``HOST:PORT`` or
+    ``ray://...``; ``None`` takes ``RAY_ADDRESS`` (what ``ray job submit`` sets for its driver)
+    and without it starts a new local instance. Never ``ray.init()``'s own guess: on a machine
+    where another process runs a private instance it would join that, and the run would die
+    with that process.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    # The dashboard's Train page needs state tracking switched on in the driver.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    if address != "local":
+        ray.init(address=address, **ray_init_options())
+        logger.info("connected to the Ray cluster at %s", address)
+        return
+    # Training workers must not take every CPU or Ray Data has none left to decode with, hence
+    # the spare logical CPUs.
+    needed = math.ceil(num_workers * cpus_per_worker + extra_cpus) + 2
+    context = start_local_ray(num_cpus=max(os.cpu_count() or 1, needed), **ray_init_options())
+    logger.info(
+        "started a local Ray instance (dashboard: http://%s; Ray's logs: %s/logs)",
+        context.dashboard_url or "-",
+        context.address_info["session_dir"],
+    )
+
+
+def start_local_ray(*, num_cpus: int, **init_kwargs: Any) -> Any:
+    """Start a new local Ray instance of ``num_cpus`` logical CPUs whose workers run raydiff's
+    setup hook (added to ``init_kwargs``' ``runtime_env``, unless it names one). The other
+    ``init_kwargs`` go to ``ray.init`` as given. Returns ``ray.init``'s ``RayContext``."""
+    import ray
+
+    runtime_env = dict(init_kwargs.pop("runtime_env", None) or {})
+    runtime_env.setdefault("worker_process_setup_hook", setup_hook())
+    return ray.init(address="local", num_cpus=num_cpus, runtime_env=runtime_env, **init_kwargs)
+
+
+def ray_init_options() -> dict[str, Any]:
+    """Keyword arguments for this run's ``ray.init``: the console level and, for a driver
+    joining a cluster, the job's ``runtime_env`` with raydiff's worker setup hook."""
+    options: dict[str, Any] = {}
+    if not verbose():
+        options["logging_level"] = logging.WARNING
+    # Under `ray job submit` the job's runtime_env is merged with this one; the same key in both
+    # is an error, so a job that brings its own setup hook keeps it (and Ray's worker output).
+    job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}"))
+    if "worker_process_setup_hook" not in (job.get("runtime_env") or {}):
+        options["runtime_env"] = {"worker_process_setup_hook": setup_hook()}
+    return options
+
+
+def setup_hook() -> str:
+    """This run's ``worker_process_setup_hook``, as the module path Ray imports it by."""
+    return VERBOSE_HOOK if verbose() else QUIET_HOOK
+
+
+def train_log_level() -> str:
+    """Ray Train's console level (``ray.train.LoggingConfig``) for this run."""
+    return "INFO" if verbose() else "WARNING"
+
+
+def quiet_ray_console() -> None:
+    """Keep Ray's own INFO lines and deprecation notices off this process's console.
+
+    The driver's half (every Ray worker runs :func:`quiet_ray_worker`): also where Ray was
+    started by someone else (a Tune trial). ``raydiff -v`` keeps them.
+    """
+    if verbose():
+        return
+    names = ["ray", "ray.tune"]
+    # Ray Data sets its logger's level when it is imported: once loaded (Ray Train and Tune
+    # load it) it can be set. Not imported here for that: a second of start-up for a driver
+    # that reads no dataset.
+    if "ray.data" in sys.modules:
+        names.append("ray.data")
+    for name in names:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    ignore_ray_deprecations()
+
+
+def pin_ray_address() -> None:
+    """Point this Ray worker's own cluster lookups at its cluster (``worker_process_setup_hook``).
+
+    Ray Train's PlacementGroupCleaner and TrainStateActor query the state API without an address;
+    Ray then auto-detects the cluster, and on a machine running a second Ray instance (a ``ray
+    start`` cluster, another run, the tests) their monitor threads die with "Found multiple
+    active Ray instances" tracebacks. ``RAY_ADDRESS`` is what that lookup reads first.
+    """
+    import ray
+
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+
+
+def quiet_ray_worker() -> None:
+    """The ``worker_process_setup_hook`` of a quiet run: runs in every worker before any task."""
+    pin_ray_address()
+    ignore_ray_deprecations()
+
+
+def ignore_ray_deprecations() -> None:
+    """Ignore deprecation and future warnings that Ray's own modules raise (Ray's to fix)."""
+    for category in (DeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category, module=r"ray(\.|$)")
