@@ -186,7 +186,7 @@ def run_plain(
     from raydiff.train.build import build_trainer
     from raydiff.train.data_position import DataPosition
     from raydiff.train.local import LocalRuntime
-    from raydiff.train.tasks.diffusion import DiffusionTask
+    from raydiff.train.tasks.diffusion import diffusion_task
 
     torch.set_num_threads(threads)
     config = apply_overrides(
@@ -195,7 +195,7 @@ def run_plain(
     runtime = LocalRuntime(
         config, output_dir=data_dir / "plain-run", resume=None, images=pixels, labels=None
     )
-    _, trainer = build_trainer(config, runtime=runtime, make_task=DiffusionTask.from_config)
+    _, trainer = build_trainer(config, runtime=runtime, make_task=diffusion_task)
     trainer.raw_model.train()
     batches = runtime.train_batches(batch_size=BATCH, position=DataPosition())
     run = PlainRun(threads=torch.get_num_threads(), loadavg_1min=os.getloadavg()[0])

@@ -36,7 +36,7 @@ def build_trainer(
     come from its checkpoint.
     """
     torch.manual_seed(derive_seed(config.train.seed, "init"))
-    task = make_task(config)
+    task = make_task(config, runtime=runtime)
     model = task.model
     if fresh and config.train.init_checkpoint:
         load_model_weights(model, config.train.init_checkpoint)

@@ -39,7 +39,7 @@ from raydiff.train.progress import format_eta, progress_fields
 from raydiff.train.run_files import RunFiles
 from raydiff.train.runtime import Runtime
 from raydiff.train.task import Batch, TaskFactory
-from raydiff.train.tasks.diffusion import DiffusionTask
+from raydiff.train.tasks.diffusion import diffusion_task
 from raydiff.train.throughput_window import ThroughputWindow
 from raydiff.train.trainer import RanksOutOfSyncError, StepResult
 from raydiff.train.validation import weights_swapped
@@ -55,7 +55,7 @@ def run_loop(
     *,
     runtime: Runtime,
     output_dir: Path | RemotePath,
-    make_task: TaskFactory = DiffusionTask.from_config,
+    make_task: TaskFactory = diffusion_task,
 ) -> dict[str, Any]:
     """Train ``make_task(config)`` until ``config.train.max_steps``; returns the last reported
     metrics (main rank)."""
@@ -224,7 +224,7 @@ class TrainingLoop:
         train, runtime = self.train, self.runtime
         per_rank = max(1, train.eval_num_images // runtime.world_size)
         val = runtime.val_batches(num_images=per_rank, batch_size=min(per_rank, VAL_BATCH_SIZE))
-        with weights_swapped(self.raw_model, self.trainer.eval_weights()):
+        with torch.no_grad(), weights_swapped(self.raw_model, self.trainer.eval_weights()):
             totals = self.task.evaluate(
                 self.raw_model, val, seed=derive_seed(train.seed, "val-noise", runtime.rank)
             )
@@ -235,7 +235,7 @@ class TrainingLoop:
         """The task's preview of the evaluation (EMA) weights, written by the main rank (no
         collective: any step may draw one)."""
         assert self.files is not None
-        with weights_swapped(self.raw_model, self.trainer.eval_weights()):
+        with torch.no_grad(), weights_swapped(self.raw_model, self.trainer.eval_weights()):
             images = self.task.preview(
                 self.raw_model, seed=derive_seed(self.train.seed, "sample-grid")
             )

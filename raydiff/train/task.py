@@ -6,7 +6,7 @@ TensorBoard and reporting. A :class:`Task` owns what differs: its model, its los
 its validation and its preview. The diffusion model is one (:mod:`raydiff.train.tasks.diffusion`);
 a noisy classifier (cross-entropy of labels on ``q_sample``'d images, accuracy as validation, no
 preview) or a super-resolution model (the low-resolution input built from the batch) is another
-class with the same four members, handed to ``run_loop`` as its ``make_task``.
+class with the same members, whose factory is handed to ``run_loop`` as its ``make_task``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from raydiff.core.gaussian_diffusion import GaussianDiffusion
 
 if TYPE_CHECKING:
     from raydiff.config import ExperimentConfig
+    from raydiff.train.runtime import Runtime
 
 Batch = dict[str, Any]
 """``x`` float32 [B, C, H, W] in [-1, 1], ``index`` int64 [B], ``y`` int64 [B] when labelled."""
@@ -71,5 +72,10 @@ class Task(Protocol):
         ...
 
 
-TaskFactory = Callable[["ExperimentConfig"], Task]
-"""Builds a run's task from its config (the loop calls it once per rank, seeded)."""
+class TaskFactory(Protocol):
+    """Builds a run's task. The loop calls it once on every rank, after seeding torch's generator
+    and before the runtime wraps the model. ``runtime`` is there for a task whose preview needs
+    inputs (a super-resolution model's low-resolution images: ``runtime.val_batches``, called
+    on every rank alike); most tasks need only ``config``."""
+
+    def __call__(self, config: ExperimentConfig, *, runtime: Runtime) -> Task: ...

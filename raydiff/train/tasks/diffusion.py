@@ -10,6 +10,7 @@ from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.respace import SpacedDiffusion
 from raydiff.factory import create_gaussian_diffusion, create_model
 from raydiff.seeding import derive_seed
+from raydiff.train.runtime import Runtime
 from raydiff.train.sample_grid import draw_samples, sampling_diffusion
 from raydiff.train.task import Batch, ValBatches
 from raydiff.train.validation import (
@@ -99,3 +100,9 @@ class DiffusionTask:
             seed=seed,
             num_classes=self.num_classes,
         )
+
+
+def diffusion_task(config: ExperimentConfig, *, runtime: Runtime) -> DiffusionTask:
+    """The loop's default :class:`raydiff.train.task.TaskFactory`: the diffusion model of
+    ``config`` (it needs nothing from ``runtime`` to build)."""
+    return DiffusionTask.from_config(config)
