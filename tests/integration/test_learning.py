@@ -47,6 +47,43 @@ def fashion_mnist_8px(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def val_images_in_unit_range(data_dir: Path, count: int) -> torch.Tensor:
+    """The first ``count`` val images decoded here from the shards' PNGs and scaled to [-1, 1]
+    (``x / 127.5 - 1``), independently of raydiff's loaders: the reference a run's normalisation
+    must agree with."""
+    import io
+
+    import numpy as np
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from raydiff.data.manifest import load_manifest
+
+    pixels = []
+    for shard in load_manifest(str(data_dir)).shard_uris("val"):
+        for png in pq.read_table(shard, columns=["png"]).column("png").to_pylist():
+            with Image.open(io.BytesIO(png)) as image:
+                pixels.append(np.asarray(image, dtype=np.float32).reshape(1, 8, 8))
+    return torch.from_numpy(np.stack(pixels[:count]) / 127.5 - 1)
+
+
+def ema_bpd_on(config: ExperimentConfig, checkpoint: Path, images: torch.Tensor) -> float:
+    """Validation bits/dim of the checkpoint's EMA weights on ``images``, as the loop measures
+    them (the diffusion task's estimate, the same timesteps and noise seed)."""
+    from raydiff.seeding import derive_seed
+    from raydiff.train.tasks.diffusion import DiffusionTask
+
+    task = DiffusionTask.from_config(config)
+    rate = config.optim.ema_rates()[0]
+    task.model.load_state_dict(torch.load(checkpoint / f"ema_{rate}.pt", weights_only=True))
+    task.model.eval()
+    with torch.no_grad():
+        totals = task.evaluate(
+            task.model, [(images, {})], seed=derive_seed(config.train.seed, "val-noise", 0)
+        )
+    return task.evaluation_metrics(totals)["val_bpd"]
+
+
 def config_for(data_dir: Path, max_steps: int) -> ExperimentConfig:
     """A 8x8 UNet with a fast EMA (rate 0.9: it follows the weights within ~10 steps), validated
     on 32 images at 6 timesteps of 100, only at the last step."""
@@ -93,12 +130,25 @@ def test_validation_bits_per_dim_fall_as_a_tiny_model_trains(
     start = run_single_process(config_for(fashion_mnist_8px, 1), output_dir=tmp_path)
     end = run_single_process(config_for(fashion_mnist_8px, STEPS), output_dir=tmp_path)
     first, last = start["val_bpd"], end["val_bpd"]
-    print(f"val_bpd after step 1: {first:.3f}, after step {STEPS}: {last:.3f}")
+    config = config_for(fashion_mnist_8px, STEPS)
+    reference = val_images_in_unit_range(fashion_mnist_8px, config.train.eval_num_images)
+    on_reference = ema_bpd_on(config, tmp_path / f"checkpoint_{STEPS:06d}", reference)
+    print(
+        f"val_bpd after step 1: {first:.3f}, after step {STEPS}: {last:.3f}; "
+        f"on the val images scaled here to [-1, 1]: {on_reference:.3f}"
+    )
     assert first - last > MIN_DROP, (
         f"validation bits/dim fell from {first:.3f} to {last:.3f} over {STEPS - 1} steps: by "
         f"less than {MIN_DROP} (the model, its loss or its EMA weights are not learning)"
     )
     assert last < MAX_FINAL_BPD, (
         f"validation bits/dim {last:.3f} after {STEPS} steps: a tiny model reaches below "
-        f"{MAX_FINAL_BPD} here (are the images in [-1, 1]?)"
+        f"{MAX_FINAL_BPD} here"
+    )
+    # A run that learnt images scaled otherwise (to [0, 1], say) still reports a low val_bpd on
+    # its own, equally scaled, val images; on images in [-1, 1] it does not.
+    assert on_reference < MAX_FINAL_BPD, (
+        f"the trained EMA weights give {on_reference:.3f} bits/dim on the val images scaled to "
+        f"[-1, 1] here, {last:.3f} on the run's own val images: the run did not train on images "
+        "in [-1, 1]"
     )
