@@ -25,7 +25,6 @@ import torch
 from tiny_model import tiny_model
 
 from raydiff.config import ExperimentConfig, apply_overrides
-
 from raydiff.data.sources import FASHION_MNIST_DIR
 
 STEPS = 60
