@@ -184,8 +184,9 @@ def run_plain(
 
     from raydiff.config import ExperimentConfig, apply_overrides
     from raydiff.train.build import build_trainer
+    from raydiff.train.data_position import DataPosition
     from raydiff.train.local import LocalRuntime
-    from raydiff.train.trainer import DataPosition
+    from raydiff.train.tasks.diffusion import diffusion_task
 
     torch.set_num_threads(threads)
     config = apply_overrides(
@@ -194,20 +195,20 @@ def run_plain(
     runtime = LocalRuntime(
         config, output_dir=data_dir / "plain-run", resume=None, images=pixels, labels=None
     )
-    trainer = build_trainer(config, runtime=runtime)
+    _, trainer = build_trainer(config, runtime=runtime, make_task=diffusion_task)
     trainer.raw_model.train()
     batches = runtime.train_batches(batch_size=BATCH, position=DataPosition())
     run = PlainRun(threads=torch.get_num_threads(), loadavg_1min=os.getloadavg()[0])
     start = time.perf_counter()
     for _ in range(warmup):
         _, batch = next(batches)
-        trainer.train_step(batch["x"])
+        trainer.train_step(batch)
     run.warmup_s = time.perf_counter() - start
     window_start = time.time()
     for i in range(steps):
         t0 = time.perf_counter()
         _, batch = next(batches)
-        trainer.train_step(batch["x"])
+        trainer.train_step(batch)
         run.step_times_s.append(time.perf_counter() - t0)
         print(f"  plain step {i + 1}/{steps}: {run.step_times_s[-1]:.3f}s", flush=True)
     run.window = (window_start, time.time())

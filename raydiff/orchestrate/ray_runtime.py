@@ -33,8 +33,8 @@ from raydiff.train.checkpoint import (
     latest_checkpoint,
     write_checkpoint_files,
 )
+from raydiff.train.data_position import DataPosition
 from raydiff.train.runtime import Batch, CheckpointFiles, ValBatches
-from raydiff.train.trainer import DataPosition
 from raydiff.train.validation import rank_slice
 
 logger = logging.getLogger(__name__)

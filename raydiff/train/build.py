@@ -1,4 +1,5 @@
-"""Config -> a ready ``Trainer`` for one rank: model, diffusion, timestep sampler, optimiser, EMA.
+"""Config and task -> a ready ``Trainer`` for one rank: the task's model and loss, the timestep
+sampler, optimiser, EMA.
 
 The one assembly used by the training loop (every runtime) and the benchmarks. Resuming is
 ``Trainer.restore`` (weights, every EMA rate, optimiser, loss scaler, sampler, step) plus the data
@@ -13,9 +14,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from raydiff.config import ExperimentConfig
-from raydiff.factory import create_gaussian_diffusion, create_model
 from raydiff.seeding import derive_seed
 from raydiff.train.checkpoint import load_model_weights
+from raydiff.train.task import Task, TaskFactory
 from raydiff.train.trainer import Trainer
 
 if TYPE_CHECKING:
@@ -24,27 +25,31 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def build_trainer(config: ExperimentConfig, *, runtime: Runtime, fresh: bool = True) -> Trainer:
-    """The trainer of ``runtime``'s rank for ``config``.
+def build_trainer(
+    config: ExperimentConfig, *, runtime: Runtime, make_task: TaskFactory, fresh: bool = True
+) -> tuple[Task, Trainer]:
+    """The task of ``config`` and the trainer of ``runtime``'s rank for it.
 
-    Every rank builds the same initial weights (seeded by ``train.seed``; DDP would broadcast rank
-    0's anyway). ``fresh``: the run starts without a checkpoint, so ``train.init_checkpoint``
-    (when set) provides the starting weights; a resumed run's weights come from its checkpoint.
+    Every rank builds the same initial weights (``make_task`` runs seeded by ``train.seed``; DDP
+    would broadcast rank 0's anyway). ``fresh``: the run starts without a checkpoint, so
+    ``train.init_checkpoint`` (when set) provides the starting weights; a resumed run's weights
+    come from its checkpoint.
     """
     torch.manual_seed(derive_seed(config.train.seed, "init"))
-    model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
+    task = make_task(config, runtime=runtime)
+    model = task.model
     if fresh and config.train.init_checkpoint:
         load_model_weights(model, config.train.init_checkpoint)
         logger.info("initialised the weights from %s", config.train.init_checkpoint)
     wrapped = runtime.wrap_model(model)
-    diffusion = create_gaussian_diffusion(config.diffusion)
+    diffusion = task.diffusion
     sampler = runtime.schedule_sampler(
         diffusion, seed=derive_seed(config.train.seed, "timesteps", runtime.rank), fresh=fresh
     )
     trainer = Trainer(
         model=wrapped,
         raw_model=model,
-        diffusion=diffusion,
+        losses=task.losses,
         sampler=sampler,
         optim=config.optim,
         train=config.train,
@@ -55,7 +60,7 @@ def build_trainer(config: ExperimentConfig, *, runtime: Runtime, fresh: bool = T
     logger.info(
         "model: %.2fM parameters; diffusion: T=%d %s, %s, %s; %d worker(s), %d images each, %s",
         sum(p.numel() for p in model.parameters()) / 1e6,
-        diffusion.original_num_steps,
+        config.diffusion.diffusion_steps,
         config.diffusion.noise_schedule,
         diffusion.model_mean_type.name,
         diffusion.loss_type.name,
@@ -63,4 +68,4 @@ def build_trainer(config: ExperimentConfig, *, runtime: Runtime, fresh: bool = T
         trainer.local_batch_size,
         trainer.precision.precision,
     )
-    return trainer
+    return task, trainer

@@ -1,6 +1,7 @@
 """What the one training loop needs from where it runs: rank, data, collectives, checkpoints.
 
-:func:`raydiff.train.loop.run_loop` is written against this interface only. Two implementations:
+:func:`raydiff.train.loop.run_loop` is written against this interface only (and against
+:class:`raydiff.train.task.Task` for what it trains). Two implementations:
 
 * :class:`raydiff.train.local.LocalRuntime`: one process, in-memory data, no collectives,
   checkpoints written atomically into the run folder (``raydiff train --single-process``);
@@ -23,13 +24,8 @@ import torch
 
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import ScheduleSampler
-from raydiff.train.trainer import DataPosition
-
-Batch = dict[str, Any]
-"""``x`` float32 [B, C, H, W] in [-1, 1], ``index`` int64 [B], ``y`` int64 [B] when labelled."""
-
-ValBatches = list[tuple[torch.Tensor, dict[str, torch.Tensor]]]
-"""Validation images on the device, with their model kwargs (``y``) when class-conditional."""
+from raydiff.train.data_position import DataPosition
+from raydiff.train.task import Batch, ValBatches
 
 CheckpointFiles = Callable[[], dict[str, Any]]
 """Returns the keyword arguments of ``raydiff.train.checkpoint.write_checkpoint_files``."""

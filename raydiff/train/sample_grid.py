@@ -1,4 +1,4 @@
-"""Sample grids during training: DDIM samples from the EMA weights, written as PNG."""
+"""Sample grids during training: DDIM samples (of the EMA weights), written as PNG."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import torch
 from PIL import Image
 
 from raydiff.core.respace import SpacedDiffusion, space_timesteps
-from raydiff.train.validation import weights_swapped
 
 
 def sampling_diffusion(base: SpacedDiffusion, *, steps: int) -> SpacedDiffusion:
@@ -35,31 +34,30 @@ def sampling_diffusion(base: SpacedDiffusion, *, steps: int) -> SpacedDiffusion:
 
 
 @torch.no_grad()
-def ema_samples(
+def draw_samples(
     *,
     model: torch.nn.Module,
-    ema_state: dict[str, torch.Tensor],
     diffusion: SpacedDiffusion,
     num_samples: int,
     image_shape: tuple[int, int, int],
     seed: int,
     num_classes: int | None,
 ) -> torch.Tensor:
-    """DDIM samples ``[N, C, H, W]`` from ``ema_state``; a fixed seed makes grids comparable
-    over a run. Class-conditional models get the classes in turn."""
-    with weights_swapped(model, ema_state):
-        generator = torch.Generator().manual_seed(seed)
-        device = next(model.parameters()).device
-        kwargs = {}
-        if num_classes:
-            kwargs["y"] = (torch.arange(num_samples) % num_classes).to(device)
-        return diffusion.ddim_sample_loop(
-            model,
-            (num_samples, *image_shape),
-            model_kwargs=kwargs,
-            generator=generator,
-            device=device,
-        )
+    """DDIM samples ``[N, C, H, W]`` of ``model`` as it is (the loop loads the EMA weights
+    first); a fixed seed makes grids comparable over a run. Class-conditional models get the
+    classes in turn."""
+    generator = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    kwargs = {}
+    if num_classes:
+        kwargs["y"] = (torch.arange(num_samples) % num_classes).to(device)
+    return diffusion.ddim_sample_loop(
+        model,
+        (num_samples, *image_shape),
+        model_kwargs=kwargs,
+        generator=generator,
+        device=device,
+    )
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:

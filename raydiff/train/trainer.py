@@ -1,29 +1,26 @@
 """The per-worker training step: microbatching, mixed precision, importance weights, EMA.
 
-No Ray here. The orchestration layer hands a ``Trainer`` its (optionally DDP-wrapped) model, a
-batch iterator and a loss sync for the timestep sampler; a plain loop drives it in a single
-process (see ``raydiff.train.loop``).
+No Ray here. ``raydiff.train.build.build_trainer`` hands a ``Trainer`` its (optionally
+DDP-wrapped) model, the task's loss on a batch and the timestep sampler; the one loop
+(``raydiff.train.loop``) drives it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from raydiff.config import OptimConfig, TrainConfig
-from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import LossSync, ScheduleSampler
 from raydiff.seeding import derive_seed
 from raydiff.train.ema import EMA
 from raydiff.train.optimizer import build_optimizer
 from raydiff.train.precision import PrecisionPolicy
+from raydiff.train.task import Batch, Losses
 
 logger = logging.getLogger(__name__)
 
@@ -49,141 +46,11 @@ class StepResult:
     loss_scale: float
 
 
-@dataclass
-class MetricAccumulator:
-    """Running sums of the step metrics between two reports.
-
-    Sums stay tensors on the training device, so adding a step costs no host sync (that matters
-    on GPU); they are read once per report in ``flush``.
-    """
-
-    num_timesteps: int
-    sums: dict[str, torch.Tensor] = field(default_factory=dict)
-    counts: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def _add(self, name: str, value: torch.Tensor, count: torch.Tensor) -> None:
-        value, count = value.detach().double(), count.detach().double()
-        if name in self.sums:
-            self.sums[name] += value
-            self.counts[name] += count
-        else:
-            self.sums[name], self.counts[name] = value.clone(), count.clone()
-
-    def add_step(self, result: StepResult) -> None:
-        # improved-diffusion's log_loss_dict: each term's mean, and its mean per quartile of t,
-        # of the importance-weighted terms (what the step optimises; with a non-uniform sampler
-        # the raw terms over-count the timesteps it draws most).
-        quartile = (4 * result.timesteps // self.num_timesteps).clamp(max=3)
-        onehot = torch.nn.functional.one_hot(quartile, 4).double()  # [B, 4]
-        weights = result.weights.double()
-        for key, values in result.losses.items():
-            values = values.double() * weights
-            # Slot 0: the whole batch; slots 1-4: quartiles (present even when empty, so that all
-            # ranks reduce the same keys).
-            sums = torch.cat([values.sum().view(1), values @ onehot])  # [5]
-            counts = torch.cat([torch.ones_like(values).sum().view(1), onehot.sum(0)])
-            self._add(key, sums, counts)
-        if result.stepped:
-            self._add(
-                "grad_norm", result.grad_norm.view(1), torch.ones(1, device=result.grad_norm.device)
-            )
-
-    def flush(
-        self, reduce: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
-    ) -> dict[str, float]:
-        """Means since the last flush; ``reduce`` sums the totals over workers first."""
-        packed = {f"s:{k}": v for k, v in self.sums.items()}
-        packed.update({f"n:{k}": v for k, v in self.counts.items()})
-        self.sums, self.counts = {}, {}
-        if reduce is not None:
-            packed = reduce(packed)
-        out: dict[str, float] = {}
-        for key in sorted(k[2:] for k in packed if k.startswith("s:")):
-            sums = packed[f"s:{key}"].cpu().tolist()
-            counts = packed[f"n:{key}"].cpu().tolist()
-            names = [key] if len(sums) == 1 else [key, *(f"{key}_q{q}" for q in range(4))]
-            for name, total, count in zip(names, sums, counts, strict=True):
-                # A bin that no sample fell into has no mean: leave it out rather than report 0.
-                if count > 0:
-                    out[name] = total / count
-        return out
-
-
-@dataclass
-class DataPosition:
-    """Where a run is in its data: the epoch and how many of its batches were trained on.
-
-    Saved in every checkpoint as ``epoch`` and ``epoch_samples`` (global samples, so a run resumed
-    on another number of workers skips the same amount of the epoch).
-    """
-
-    epoch: int = 0
-    batches: int = 0
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any], *, global_batch: int) -> DataPosition:
-        """From a checkpoint's trainer state (or its progress.json); zeros when absent."""
-        return cls(
-            epoch=int(state.get("epoch", 0)),
-            batches=int(state.get("epoch_samples", 0)) // global_batch,
-        )
-
-    def advance(self, epoch: int) -> None:
-        """Count one batch of ``epoch`` (a new epoch starts the count again)."""
-        if epoch != self.epoch:
-            self.epoch, self.batches = epoch, 0
-        self.batches += 1
-
-    def state(self, *, global_batch: int) -> dict[str, int]:
-        """The checkpoint entries: ``epoch`` and ``epoch_samples``."""
-        return {"epoch": self.epoch, "epoch_samples": self.batches * global_batch}
-
-
-class ThroughputWindow:
-    """Images/s, step time and data-wait share over the steps since the last ``read``.
-
-    Only time inside steps counts (waiting for the batch + the optimiser step), so evaluation,
-    sample grids, checkpoints and report barriers between steps do not dilute the figures.
-    """
-
-    def __init__(self, images_per_step: int) -> None:
-        self.images_per_step = images_per_step
-        self._reset()
-
-    def _reset(self) -> None:
-        self.steps, self.busy, self.data_wait = 0, 0.0, 0.0
-
-    def begin(self) -> None:
-        """Call before fetching the step's batch."""
-        self._t0 = time.perf_counter()
-
-    def data_ready(self) -> None:
-        """Call once the batch is there."""
-        self._t1 = time.perf_counter()
-
-    def end(self) -> None:
-        """Call after the optimiser step."""
-        t2 = time.perf_counter()
-        self.steps += 1
-        self.busy += t2 - self._t0
-        self.data_wait += self._t1 - self._t0
-
-    def read(self) -> dict[str, float]:
-        """The window's figures; starts a new window."""
-        busy = max(self.busy, 1e-9)
-        out = {
-            "images_per_s": self.steps * self.images_per_step / busy,
-            "step_time": busy / max(self.steps, 1),
-            "data_wait_fraction": self.data_wait / busy,
-        }
-        self._reset()
-        return out
-
-
 class Trainer:
     """Owns the optimiser, precision policy, EMA and sampler of one worker.
 
     :param model: the module to call for the loss: the DDP wrapper on several workers.
+    :param losses: the task's per-sample loss terms of a microbatch (``Task.losses``).
     :param raw_model: the unwrapped module (for EMA and checkpoints); defaults to ``model``.
     :param local_batch_size: this worker's share of the global batch.
     :param rank: this worker's rank; it keys the worker's random streams.
@@ -199,7 +66,7 @@ class Trainer:
         self,
         *,
         model: torch.nn.Module,
-        diffusion: GaussianDiffusion,
+        losses: Losses,
         sampler: ScheduleSampler,
         optim: OptimConfig,
         train: TrainConfig,
@@ -211,7 +78,7 @@ class Trainer:
     ) -> None:
         self.model = model
         self.raw_model = raw_model if raw_model is not None else model
-        self.diffusion = diffusion
+        self.losses = losses
         self.sampler = sampler
         self.optim_config = optim
         self.train_config = train
@@ -247,15 +114,28 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def train_step(
-        self, x_start: torch.Tensor, cond: dict[str, torch.Tensor] | None = None
-    ) -> StepResult:
-        """One optimiser step over this worker's batch ``x_start`` ``[B, C, H, W]``."""
-        cond = cond or {}
-        if x_start.shape[0] != self.local_batch_size:
+    def train_step(self, batch: Batch) -> StepResult:
+        """One optimiser step over this worker's batch (``x`` ``[B, C, H, W]`` and the rest)."""
+        if batch["x"].shape[0] != self.local_batch_size:
             raise ValueError(
-                f"expected a local batch of {self.local_batch_size}, got {x_start.shape[0]}"
+                f"expected a local batch of {self.local_batch_size}, got {batch['x'].shape[0]}"
             )
+        lr = self._begin_step()
+        timesteps, weights, losses = self._accumulate_gradients(batch)
+        self.sampler.record_losses(timesteps, losses["loss"], sync=self.loss_sync)
+        grad_norm, stepped = self._apply_gradients()
+        return StepResult(
+            stepped=stepped,
+            losses=losses,
+            timesteps=timesteps,
+            weights=weights,
+            grad_norm=grad_norm,
+            lr=lr,
+            loss_scale=self.precision.loss_scale,
+        )
+
+    def _begin_step(self) -> float:
+        """Seed the step's random streams, set its learning rate, clear the gradients."""
         seed = self.train_config.seed
         torch.manual_seed(derive_seed(seed, "step", self.rank, self.step))  # dropout, noise
         self.sampler.generator.manual_seed(derive_seed(seed, "timesteps", self.rank, self.step))
@@ -263,14 +143,19 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
+        return lr
 
+    def _accumulate_gradients(
+        self, batch: Batch
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Backward over every microbatch: the timesteps, importance weights and per-sample
+        loss terms of the whole local batch."""
         all_t, all_weights, all_terms = [], [], {}
         num_micro = self.local_batch_size // self.microbatch
         for i in range(num_micro):
             sl = slice(i * self.microbatch, (i + 1) * self.microbatch)
-            micro = x_start[sl].to(self.device, non_blocking=True)
-            micro_cond = {k: v[sl].to(self.device, non_blocking=True) for k, v in cond.items()}
-            t, weights = self.sampler.sample(micro.shape[0], self.device)
+            micro = {k: v[sl].to(self.device, non_blocking=True) for k, v in batch.items()}
+            t, weights = self.sampler.sample(self.microbatch, self.device)
             last = i == num_micro - 1
             # DDP: all-reduce gradients only once, after the last microbatch.
             sync_ctx = (
@@ -280,9 +165,7 @@ class Trainer:
             )
             with sync_ctx:
                 with self.precision.autocast():
-                    terms = self.diffusion.training_losses(
-                        self.model, micro, t, model_kwargs=micro_cond
-                    )
+                    terms = self.losses(self.model, micro, t)
                     # Importance weights keep the objective unbiased; dividing by the number
                     # of microbatches makes the gradient the mean over the local batch,
                     # independent of how it is split.
@@ -292,11 +175,12 @@ class Trainer:
             all_weights.append(weights.detach().float())
             for key, value in terms.items():
                 all_terms.setdefault(key, []).append(value.detach().float())
-
-        timesteps = torch.cat(all_t)
         losses = {k: torch.cat(v) for k, v in all_terms.items()}
-        self.sampler.record_losses(timesteps, losses["loss"], sync=self.loss_sync)
+        return torch.cat(all_t), torch.cat(all_weights), losses
 
+    def _apply_gradients(self) -> tuple[torch.Tensor, bool]:
+        """Unscale, clip and step (or skip a step with non-finite gradients); EMA after a step.
+        Returns the gradient norm and whether the optimiser stepped."""
         self.precision.unscale_(self.optimizer)
         grad_norm = self._grad_norm()
         grads_finite = bool(torch.isfinite(grad_norm))
@@ -317,15 +201,7 @@ class Trainer:
                 self.consecutive_skipped,
             )
             self._check_collapse()
-        return StepResult(
-            stepped=stepped,
-            losses=losses,
-            timesteps=timesteps,
-            weights=torch.cat(all_weights),
-            grad_norm=grad_norm,
-            lr=lr,
-            loss_scale=self.precision.loss_scale,
-        )
+        return grad_norm, stepped
 
     def _grad_norm(self) -> torch.Tensor:
         grads = [p.grad for p in self.raw_model.parameters() if p.grad is not None]
@@ -407,34 +283,3 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.precision.load_state_dict(state["precision"])
         self.sampler.load_state_dict(state["sampler"])
-
-
-def progress_fields(metrics: dict[str, Any]) -> str:
-    """The metrics a progress line shows, those present only (an eval-only step has no loss)."""
-    fields = []
-    for key, fmt in (
-        ("loss", "loss {:.4f}"),
-        ("mse", "mse {:.4f}"),
-        ("val_bpd", "val_bpd {:.3f}"),
-        ("images_per_s", "{:.0f} img/s"),
-        ("lr", "lr {:.2e}"),
-    ):
-        if key in metrics:
-            fields.append(fmt.format(metrics[key]))
-    return "  ".join(fields)
-
-
-def format_eta(seconds: float) -> str:
-    """``1h02m`` / ``4m05s`` / ``12s``."""
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
-
-
-def now() -> float:
-    return time.perf_counter()

@@ -18,7 +18,10 @@ from raydiff.train.checkpoint import (
     resume_point,
     save_checkpoint,
 )
-from raydiff.train.trainer import DataPosition, Trainer, TrainingCollapsedError
+from raydiff.train.data_position import DataPosition
+from raydiff.train.tasks.diffusion import DiffusionTask
+from raydiff.train.trainer import Trainer, TrainingCollapsedError
+from raydiff.train.validation import stratified_timesteps
 
 
 class TinyEps(torch.nn.Module):
@@ -49,9 +52,17 @@ def make_trainer(
         if sampler == "uniform"
         else LossSecondMomentResampler(diffusion, history_per_term=2, seed=0)
     )
-    return Trainer(
+    task = DiffusionTask(
         model=model,
         diffusion=diffusion,
+        eval_timesteps=stratified_timesteps(50, 4, seed=0),
+        image_shape=(1, 8, 8),
+        sample_count=4,
+        sample_steps=4,
+    )
+    return Trainer(
+        model=model,
+        losses=task.losses,
         sampler=s,
         optim=OptimConfig(lr=1e-3, ema_rate=ema_rate),
         train=TrainConfig(batch_size=batch, microbatch=microbatch, precision=precision, **train_kw),
@@ -62,7 +73,7 @@ def make_trainer(
 
 def batch(n=8):
     g = torch.Generator().manual_seed(1)
-    return torch.rand(n, 1, 8, 8, generator=g) * 2 - 1
+    return {"x": torch.rand(n, 1, 8, 8, generator=g) * 2 - 1, "index": torch.arange(n)}
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
@@ -326,7 +337,8 @@ def test_init_from_published_style_weights(tmp_path):
 
 
 def test_metric_means_per_quartile_and_reduction():
-    from raydiff.train.trainer import MetricAccumulator, StepResult
+    from raydiff.train.metric_accumulator import MetricAccumulator
+    from raydiff.train.trainer import StepResult
 
     acc = MetricAccumulator(num_timesteps=100)
     losses = torch.tensor([1.0, 2.0, 3.0, 5.0])
@@ -355,7 +367,8 @@ def test_metric_means_per_quartile_and_reduction():
 def test_logged_terms_are_importance_weighted_as_in_improved_diffusion():
     """log_loss_dict gets ``{k: v * weights}``: the means estimate the objective the step
     optimises, not the raw terms at the timesteps a loss-aware sampler favours."""
-    from raydiff.train.trainer import MetricAccumulator, StepResult
+    from raydiff.train.metric_accumulator import MetricAccumulator
+    from raydiff.train.trainer import StepResult
 
     acc = MetricAccumulator(num_timesteps=100)
     acc.add_step(

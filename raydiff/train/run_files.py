@@ -1,0 +1,87 @@
+"""What the main rank writes into a run folder while it trains: the resolved config, TensorBoard
+events, preview grids.
+
+``output_dir`` may be a URI (``raydiff.storage.RemotePath``): the files are then written into a
+local staging folder and each is uploaded after writing it (TensorBoard's events at every
+checkpoint and at most every ``EVENTS_UPLOAD_INTERVAL_S`` in between; what a failed attempt logged
+after its last checkpoint is dropped on resume anyway, see ``purge_step``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from raydiff.config import ExperimentConfig, to_dict
+from raydiff.storage import MirroredFolder, RemotePath
+from raydiff.train.sample_grid import save_grid
+
+logger = logging.getLogger(__name__)
+
+EVENTS_UPLOAD_INTERVAL_S = 60.0
+"""A remote run folder's TensorBoard events are uploaded (whole) at most this often between
+checkpoints."""
+
+
+class RunFiles:
+    """The main rank's files of one run (see the module docstring); ``close`` at the end."""
+
+    def __init__(
+        self, config: ExperimentConfig, *, output_dir: Path | RemotePath, start_step: int
+    ) -> None:
+        # Written in place (a local run folder), or staged locally and uploaded (a URI).
+        self.files = MirroredFolder(output_dir)
+        self.files.local.mkdir(parents=True, exist_ok=True)
+        (self.files.local / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+        self.files.publish("config.json")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(
+            str(self.files.local / "tensorboard"),
+            # Events a failed attempt logged past the step this one starts from (its checkpoint,
+            # or 0 for a run restarted before the first one) are dropped: without this
+            # TensorBoard shows two curves over the same steps.
+            purge_step=start_step + 1,
+        )
+        # Per-step losses, written at log steps with the wall time of their step (no host sync).
+        self.step_losses: list[tuple[int, torch.Tensor, float]] = []
+
+    def add_step_loss(self, step: int, loss: torch.Tensor) -> None:
+        """Keep ``loss`` (a device tensor) of ``step`` until the next :meth:`write_report`."""
+        self.step_losses.append((step, loss, time.time()))
+
+    def write_report(
+        self, report: dict[str, Any], *, step: int, sampler_weights: np.ndarray | None
+    ) -> None:
+        """The kept step losses, the report's scalars and the timestep sampler's weights."""
+        for logged_step, loss, wall_time in self.step_losses:
+            self.writer.add_scalar("train/loss_step", float(loss), logged_step, walltime=wall_time)
+        self.step_losses.clear()
+        for key, value in report.items():
+            if key != "step":
+                self.writer.add_scalar(f"train/{key}", value, step)
+        if sampler_weights is not None:
+            self.writer.add_histogram("sampler/weights", torch.from_numpy(sampler_weights), step)
+
+    def write_preview(self, images: torch.Tensor, *, step: int) -> None:
+        """``samples/samples_NNNNNN.png`` and the TensorBoard images of ``step``."""
+        path = save_grid(images, self.files.local / "samples" / f"samples_{step:06d}.png")
+        self.writer.add_images("samples/ema", (images.clamp(-1, 1) + 1) / 2, step)
+        logger.info("wrote sample grid %s", self.files.publish(path))
+
+    def publish_events(self, *, now: bool) -> None:
+        """A remote run folder's TensorBoard events so far (``now``: whatever the interval)."""
+        if self.files.is_remote:
+            self.writer.flush()
+            self.files.publish("tensorboard", min_interval_s=0 if now else EVENTS_UPLOAD_INTERVAL_S)
+
+    def close(self) -> None:
+        self.writer.close()
+        self.publish_events(now=True)
+        self.files.close()

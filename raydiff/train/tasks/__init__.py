@@ -1,0 +1,1 @@
+"""The tasks the one training loop trains (``raydiff.train.task.Task``): one module each."""
