@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -136,17 +135,11 @@ def checked_config(options: TrainOptions) -> tuple[ExperimentConfig, Manifest]:
     whole run). Everything the config decides is checked before any side effect: the embedded
     dataset is prepared only for a config that passed."""
     from raydiff.config import read_config
-    from raydiff.data.manifest import load_manifest
-    from raydiff.train.preflight import config_for_data, fit_to_data
+    from raydiff.train.preflight import config_for_data, existing_manifest, fit_to_data
 
     overrides = [*options.overrides, *set_by_flags(options)]
     data = read_config(options.config, overrides)
-    section = data.get("data")
-    data_dir = section.get("data_dir", DEFAULT_DATA) if isinstance(section, Mapping) else ""
-    try:
-        manifest = load_manifest(str(data_dir)) if data_dir else None
-    except FileNotFoundError:  # the demo's is prepared below; any other is refused there
-        manifest = None
+    manifest = existing_manifest(data)  # the demo's is prepared below; any other refused there
     config = config_for_data(data, manifest)
     if options.single_process and config.evaluation.every_checkpoint:
         raise UserInputError(

@@ -39,13 +39,14 @@ from raydiff.config import (
     apply_overrides,
     field_type,
     load_config,
+    read_config,
     resolve_config_path,
     resolve_field,
 )
 from raydiff.data.manifest import Manifest
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.seeding import derive_seed
-from raydiff.train.preflight import check_run, fit_to_data
+from raydiff.train.preflight import check_run, config_for_data, existing_manifest, fit_to_data
 
 SearchKind = Literal["choice", "grid", "uniform", "loguniform", "randint"]
 SearchAlgorithm = Literal["random", "optuna"]
@@ -337,7 +338,10 @@ def load_sweep(
         raise _fail("search_space", twice, "names one field twice")
     base = _base_path(sweep.base, base_dir)
     raw_base_config = load_config(base)
-    base_config = load_config(base, set_items)
+    # The image size against the data before the model's own checks (which would name a
+    # consequence of a wrong size), as `raydiff train` does.
+    base_data = read_config(base, set_items)
+    base_config = config_for_data(base_data, existing_manifest(base_data))
     manifest = manifest_for(base_config.data.data_dir) if manifest_for else None
     if manifest is not None:
         base_config = fit_to_data(

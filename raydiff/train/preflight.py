@@ -43,6 +43,23 @@ def config_for_data(data: Mapping[str, Any], manifest: Manifest | None) -> Exper
     return from_dict(ExperimentConfig, data)
 
 
+def existing_manifest(data: Mapping[str, Any]) -> Manifest | None:
+    """The manifest of the dataset that a config mapping (:func:`~raydiff.config.read_config`'s)
+    names, or None when it is not there yet (the embedded demo dataset is prepared after the
+    config passed its checks; any other missing dataset is refused then)."""
+    from raydiff.data.config import DataConfig
+    from raydiff.data.manifest import load_manifest
+
+    section = data.get("data")
+    if section is not None and not isinstance(section, Mapping):
+        return None  # from_dict names the bad section
+    data_dir = (section or {}).get("data_dir", DataConfig.data_dir)
+    try:
+        return load_manifest(str(data_dir)) if data_dir else None
+    except FileNotFoundError:
+        return None
+
+
 def check_image_size(image_size: int, manifest: Manifest) -> None:
     """A model of ``image_size`` pixels cannot train on ``manifest``'s images of another size:
     a ConfigError naming ``model.image_size`` and the size that fits (the size shapes the whole

@@ -294,3 +294,13 @@ def test_the_cli_refuses_an_image_size_unlike_the_datas_naming_the_size_that_fit
     # The same size given bare reaches the same check.
     assert main(["train", "--set", "image_size=64", "--data", str(data), "--output", "r"]) == 1
     assert "--set image_size=32" in capsys.readouterr().err
+    # A sweep whose base config has that size is refused the same way, before any trial.
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(
+        f"base: demo\nset: {{data_dir: {data}, image_size: 64}}\n"
+        "search_space: {lr: {grid: [1.0e-4, 2.0e-4]}}\n"
+    )
+    assert main(["sweep", "--config", str(sweep_file), "--output", str(tmp_path / "s")]) == 1
+    err = capsys.readouterr().err
+    assert "model.image_size=64 is invalid" in err and "--set image_size=32" in err, err
+    assert "attention_resolutions" not in err and not (tmp_path / "s").exists()
