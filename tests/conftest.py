@@ -5,8 +5,9 @@ Select a tier with ``-m unit`` / ``-m integration`` / ``-m slow`` / ``-m gpu``. 
 skipped on a machine without CUDA.
 
 Under CI (the ``CI`` environment variable set, as ``.ci/run`` does), a tier must not pass
-without running: a skipped test of the slow tier is an error (its skip reasons are "the dataset is
-not installed", which CI must fix, not hide), and a run whose every selected test skipped fails.
+without running: a skipped test of the slow tier, or one marked ``dataset`` in another tier, is
+an error (its skip reasons are "the dataset is not installed", which CI must fix, not hide), and
+a run whose every selected test skipped fails.
 Locally skipping stays allowed.
 """
 
@@ -56,15 +57,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     if (
         report.skipped
         and not hasattr(report, "wasxfail")
-        and item.get_closest_marker("slow")
+        and (item.get_closest_marker("slow") or item.get_closest_marker("dataset"))
         and under_ci()
     ):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         reason = reason.removeprefix("Skipped: ")
         report.outcome = "failed"
         report.longrepr = (
-            f"skipped under CI ({reason}): the slow tier must run in CI, so a skip there is an "
-            "error (unset CI to allow it locally)"
+            f"skipped under CI ({reason}): the slow tier and the tests that need the dataset "
+            "must run in CI, so a skip there is an error (unset CI to allow it locally)"
         )
     return report
 

@@ -27,6 +27,8 @@ from tiny_model import tiny_model
 from raydiff.config import ExperimentConfig, apply_overrides
 from raydiff.data.sources import FASHION_MNIST_DIR
 
+pytestmark = pytest.mark.dataset  # under CI its skip is an error (tests/conftest.py)
+
 STEPS = 60
 MIN_DROP = 6.0  # bits/dim from step 1 to step STEPS (13.3 on an unchanged tree)
 MAX_FINAL_BPD = 8.0  # after STEPS (5.38)

@@ -34,6 +34,15 @@ def test_needs_the_dataset():
     pass
 """
 
+DATASET = """
+import pytest
+
+pytestmark = pytest.mark.dataset
+
+def test_learns_on_the_dataset():
+    pytest.skip("no Fashion-MNIST here")
+"""
+
 
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -43,9 +52,10 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy(TESTS / "conftest.py", root / "tests" / "conftest.py")
     (root / "tests" / "unit" / "test_a.py").write_text(UNIT)
     (root / "tests" / "e2e" / "test_b.py").write_text(E2E)
+    (root / "tests" / "unit" / "test_c.py").write_text(DATASET)
     (root / "pytest.ini").write_text(
         "[pytest]\naddopts = -p no:cacheprovider\n"
-        "markers =\n    unit\n    integration\n    slow\n    gpu\n"
+        "markers =\n    unit\n    integration\n    slow\n    gpu\n    dataset\n"
     )
     return root
 
@@ -76,7 +86,14 @@ def test_under_ci_a_skip_in_the_e2e_tier_fails_and_says_why(layout: Path) -> Non
 
 
 def test_under_ci_other_tiers_may_skip_some_tests_but_not_all(layout: Path) -> None:
-    assert run(layout, "-m", "unit", ci="1").returncode == 0
+    assert run(layout, "-m", "unit", "-k", "not dataset", ci="1").returncode == 0
     done = run(layout, "-m", "unit", "-k", "skips", ci="1")
     assert done.returncode == 1, done.stdout
     assert "all 1 selected tests skipped" in done.stdout
+
+
+def test_under_ci_a_skipped_test_that_needs_the_dataset_fails_in_any_tier(layout: Path) -> None:
+    assert run(layout, "-m", "unit", "-k", "dataset", ci=None).returncode == 0
+    done = run(layout, "-m", "unit", "-k", "dataset", ci="1")
+    assert done.returncode == 1, done.stdout
+    assert "skipped under CI (no Fashion-MNIST here)" in done.stdout
