@@ -21,7 +21,8 @@ sweep:
 # but a run where no tier selected anything fails with 5 (a mistyped -k must not pass), and under
 # CI (CI set, as .ci/run does) with no PYTEST_ARGS every tier must select tests. Under CI a tier
 # whose tests all skipped fails as well, and so does any skip in the slow tier (tests/conftest.py).
-# Each tier lists its 25 slowest tests: where CI's time goes. Line coverage of raydiff is
+# The unit tier runs on every core (pytest-xdist); the other tiers share one Ray cluster and run
+# in one process. Each tier lists its 25 slowest tests: where CI's time goes. Line coverage of raydiff is
 # collected over the tiers together (pytest-cov, the pytest processes only) and printed per
 # package at the end (scripts/coverage_by_package.py; `coverage report` gives it per file).
 COV_ARGS = --cov=raydiff --cov-append --cov-report=
@@ -31,7 +32,8 @@ test:
 	case "$${CI:-}" in ""|0|false|no) ci=0;; *) ci=1;; esac && \
 	ran=0 && for tier in unit integration slow; do \
 	  echo "== pytest -m $$tier"; \
-	  "$$py" -m pytest -m $$tier --durations=25 $(COV_ARGS) $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$tier = unit ]; then par="-n auto"; else par=""; fi; \
+	  "$$py" -m pytest -m $$tier $$par --durations=25 $(COV_ARGS) $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ] && [ $$ci -eq 1 ] && [ -z "$(strip $(PYTEST_ARGS))" ]; then \
 	    echo "make test: the $$tier tier selected no test under CI" >&2; exit 5; fi; \
 	  if [ $$rc -eq 0 ]; then ran=1; elif [ $$rc -ne 5 ]; then exit $$rc; fi; \
@@ -41,7 +43,7 @@ test:
 	"$$py" scripts/coverage_by_package.py
 
 test-unit:
-	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m unit $(PYTEST_ARGS)
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m unit -n auto $(PYTEST_ARGS)
 
 test-integration:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m integration $(PYTEST_ARGS)

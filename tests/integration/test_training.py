@@ -212,34 +212,32 @@ def tensorboard_starts(run_dir: Path) -> list[int]:
     ]
 
 
-def test_resume_on_a_different_number_of_workers(ray_cluster, tiny_dataset, tmp_path):
-    """2 workers to step 4, then 1 worker to step 8 from that checkpoint. (From fewer workers
-    to more: test_a_ray_run_continues_a_single_process_run_in_its_folder.)"""
-    previous = None
-    for workers, max_steps in ((2, 4), (1, 8)):
-        out = tmp_path / f"to{max_steps}_on{workers}"
-        config = {"train.max_steps": max_steps, "scaling.num_workers": workers}
-        result = run(tiny_config(tiny_dataset.path, **config), out, resume=previous)
-        assert result["step"] == max_steps
-        names = sorted(p.name for p in out.glob("checkpoint_0*"))
-        checkpoint = out / f"checkpoint_{max_steps:06d}"
-        assert names == [checkpoint.name], names  # the step continued from the checkpoint
-        state = load_checkpoint(checkpoint)
-        assert state["config"]["scaling"]["num_workers"] == workers
-        assert recorded_losses(checkpoint) == max_steps * GLOBAL_BATCH
-        # The data position continued too: max_steps into the (36-step) first epoch.
-        assert read_progress(checkpoint) == {
-            "step": max_steps,
-            "epoch": 0,
-            "epoch_samples": max_steps * GLOBAL_BATCH,
-        }
-        if previous is not None:
-            # The EMA continued from the checkpoint's average rather than from the weights.
-            ema_start = load_checkpoint(previous)["ema"][0.9]["out.2.weight"]
-            ema_end = state["ema"][0.9]["out.2.weight"]
-            assert not torch.equal(ema_end, state["model"]["out.2.weight"])
-            assert not torch.equal(ema_start, ema_end)
-        previous = checkpoint
+def test_resume_on_a_different_number_of_workers(two_worker_run, tiny_dataset, tmp_path):
+    """The shared 2-worker run's checkpoint of step 4, continued on 1 worker to step 8 in a
+    folder of its own. (From fewer workers to more:
+    test_a_ray_run_continues_a_single_process_run_in_its_folder.)"""
+    previous = two_worker_run.out / "checkpoint_000004"
+    assert read_progress(previous) == {"step": 4, "epoch": 0, "epoch_samples": 4 * GLOBAL_BATCH}
+    out = tmp_path / "to8_on1"
+    config = {"train.max_steps": 8, "scaling.num_workers": 1}
+    result = run(tiny_config(tiny_dataset.path, **config), out, resume=previous)
+    assert result["step"] == 8
+    names = sorted(p.name for p in out.glob("checkpoint_0*"))
+    assert names == ["checkpoint_000008"], names  # the step continued from the checkpoint
+    state = load_checkpoint(out / "checkpoint_000008")
+    assert state["config"]["scaling"]["num_workers"] == 1
+    assert recorded_losses(out / "checkpoint_000008") == 8 * GLOBAL_BATCH
+    # The data position continued too: 8 steps into the (36-step) first epoch.
+    assert read_progress(out / "checkpoint_000008") == {
+        "step": 8,
+        "epoch": 0,
+        "epoch_samples": 8 * GLOBAL_BATCH,
+    }
+    # The EMA continued from the checkpoint's average rather than from the weights.
+    ema_start = load_checkpoint(previous)["ema"][0.9]["out.2.weight"]
+    ema_end = state["ema"][0.9]["out.2.weight"]
+    assert not torch.equal(ema_end, state["model"]["out.2.weight"])
+    assert not torch.equal(ema_start, ema_end)
 
 
 def test_a_ray_run_continues_a_single_process_run_in_its_folder(
