@@ -70,7 +70,8 @@ def bucket_keys(bucket: str) -> set[str]:
 def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     ray_cluster, tiny_dataset, s3_bucket, tmp_path, monkeypatch
 ):
-    """Train into the bucket, resume from it, then sample and evaluate the checkpoint there."""
+    """Train into the bucket, resume from it evaluating its checkpoints while it trains, then
+    sample and evaluate the checkpoint there."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from raydiff.storage import as_location, download
@@ -104,9 +105,29 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     assert [e.step for e in events.Scalars("train/loss")] == [2, 4]
 
     # The same command with more steps continues from the checkpoint in the bucket.
-    second = run(tiny_config(tiny_dataset.path, **{"train.max_steps": 6, **overrides}), uri)
+    # The resumed run evaluates its checkpoints while it trains (--evaluate-checkpoints): the
+    # samples, grid, evaluation.json, metrics.jsonl and eval/* scalars land in the bucket too.
+    evaluation = {
+        "data.val_split": "val",
+        "evaluation.every_checkpoint": "true",
+        "evaluation.num_samples": 4,
+        "evaluation.sample_respacing": "ddim4",
+        "evaluation.bpd_images": 2,
+        "evaluation.cpus": 0.5,
+    }
+    config = tiny_config(tiny_dataset.path, **{"train.max_steps": 6, **overrides, **evaluation})
+    second = run(config, uri)
     assert second["step"] == 6
     assert second["checkpoint"] == f"{uri}/checkpoint_000006"
+    assert np.isfinite(second["evaluation"]["bpd_val"])
+    evaluated = f"{uri}/evaluation/checkpoint_000006"
+    assert second["evaluation"]["samples"] == f"{evaluated}/samples_4x16x16x1.npz"
+    keys = {k.removeprefix("runs/r1/") for k in bucket_keys(s3_bucket) if "runs/r1/" in k}
+    folder = "evaluation/checkpoint_000006"
+    assert {f"{folder}/evaluation.json", f"{folder}/grid.png"} <= keys, sorted(keys)
+    assert f"{folder}/samples_4x16x16x1.npz" in keys
+    lines = (as_location(uri) / "evaluation" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [6]
     final_dir = download(as_location(second["checkpoint"]), tmp_path / "checkpoint_000006")
     final = load_checkpoint(final_dir)
     assert final["trainer"]["step"] == 6
@@ -119,8 +140,11 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6]
     assert sorted(e.step for e in events.Scalars("train/loss_step")) == [1, 2, 3, 4, 5, 6]
     # The second run trained steps 5 and 6 only: it resumed, it did not start from step 0.
-    files = sorted(events_dir.glob("events.out.tfevents.*"), key=lambda f: f.name.split(".")[3])
-    assert len(files) == 2
+    files = sorted(
+        (f for f in events_dir.glob("events.out.tfevents.*") if f.suffix != ".evaluation"),
+        key=lambda f: f.name.split(".")[3],
+    )
+    assert len(files) == 2  # the trainer's, one per run; the evaluator writes *.evaluation
     second_events = EventAccumulator(str(files[-1]), size_guidance={"scalars": 0})
     second_events.Reload()
     assert [e.step for e in second_events.Scalars("train/loss_step")] == [5, 6]
@@ -199,53 +223,9 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     events_dir = download(as_location(uri) / "tensorboard", tmp_path / "tb3")
     events = EventAccumulator(str(events_dir), size_guidance={"scalars": 0})
     events.Reload()
+    assert [e.step for e in events.Scalars("eval/bpd_val")] == [6]  # while it trained
     assert [e.step for e in events.Scalars("eval/bpd_val_respaced10")] == [6]
     assert [e.step for e in events.Scalars("eval/fid_val")] == [6]
-    assert not Path("s3:").exists()
-
-
-def test_checkpoints_of_a_run_on_s3_are_evaluated_there_while_it_trains(
-    ray_cluster, tiny_dataset, s3_bucket, tmp_path
-):
-    """--evaluate-checkpoints with a run folder in the bucket: every checkpoint's samples, grid
-    and evaluation.json, the metrics.jsonl of all of them and the eval/* scalars land there."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    from raydiff.storage import as_location, download
-
-    uri = f"s3://{s3_bucket}/runs/eval"
-    config = tiny_config(
-        tiny_dataset.path,
-        **{
-            "train.max_steps": 4,
-            "train.save_interval": 2,
-            "train.sample_interval": 0,
-            "data.val_split": "val",
-            "evaluation.every_checkpoint": "true",
-            "evaluation.num_samples": 4,
-            "evaluation.sample_respacing": "ddim4",
-            "evaluation.bpd_images": 2,
-            "evaluation.cpus": 0.5,
-        },
-    )
-    result = run(config, uri)
-    assert result["step"] == 4 and np.isfinite(result["evaluation"]["bpd_val"])
-    assert (
-        result["evaluation"]["samples"]
-        == f"{uri}/evaluation/checkpoint_000004/samples_4x16x16x1.npz"
-    )
-
-    keys = {k.removeprefix("runs/eval/") for k in bucket_keys(s3_bucket) if "runs/eval/" in k}
-    for step in (2, 4):
-        folder = f"evaluation/checkpoint_{step:06d}"
-        assert {f"{folder}/evaluation.json", f"{folder}/grid.png"} <= keys, sorted(keys)
-        assert f"{folder}/samples_4x16x16x1.npz" in keys
-    lines = (as_location(uri) / "evaluation" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [2, 4]
-    events_dir = download(as_location(uri) / "tensorboard", tmp_path / "tb")
-    events = EventAccumulator(str(events_dir), size_guidance={"scalars": 0})
-    events.Reload()
-    assert [e.step for e in events.Scalars("eval/bpd_val")] == [2, 4]
     assert not Path("s3:").exists()
 
 
