@@ -64,7 +64,8 @@ def evaluate_checkpoint(
     finally:
         results.close()
     _append_line(run_dir / RESULTS_DIR / METRICS_FILE, json.dumps(result))
-    scalars = {k: v for k, v in result.items() if k in ("bpd_val", "fid", "kid_mean", "seconds")}
+    names = ("bpd_val", "fid", "kid_mean", "precision", "recall", "seconds")
+    scalars = {k: v for k, v in result.items() if k in names and v is not None}
     add_to_tensorboard(run_dir, step=step, scalars=scalars, images={"samples": tile(samples)})
     logger.info(
         "evaluated %s in %.0f s: %s",
@@ -103,7 +104,8 @@ def _evaluate(
         fid = compute_fid(
             samples=str(npz), reference=str(data_dir), split="val", inception=options.inception
         )
-        result.update({k: v for k, v in fid.items() if k in ("fid", "kid_mean", "kid_std")})
+        wanted = ("fid", "kid_mean", "kid_std", "precision", "recall")
+        result.update({k: v for k, v in fid.items() if k in wanted})
     return result, samples, npz
 
 

@@ -11,7 +11,8 @@ The features are the standard FID Inception's (torch-fidelity's network, see
 raydiff brings what torch-fidelity's ``calculate_metrics`` does not fit: its image sources
 (:mod:`raydiff.evaluate.image_sources`: sample npz files, image folders, prepared datasets, also
 under URIs) and its reference cache in the dataset (:mod:`raydiff.evaluate.reference_cache`).
-No Ray here.
+:func:`compute_fid` also reports improved precision and recall in the same features
+(:mod:`raydiff.evaluate.precision_recall`). No Ray here.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from raydiff.evaluate.inception import (
     import_torch_fidelity,
     load_inception,
 )
+from raydiff.evaluate.precision_recall import NEIGHBOURHOOD, precision_recall
 from raydiff.evaluate.reference_cache import reference_features
 
 logger = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ KID_SUBSET_SIZE = 1000
 """KID subset size (Bińkowski et al. 2018 and torch-fidelity use 1000); capped at N."""
 KID_SEED = 2020
 """torch-fidelity's default ``rng_seed``: the same subsets as torch-fidelity's defaults."""
-RESULT_KEYS = ("fid", "kid_mean", "kid_std", "num_samples", "num_reference")
+RESULT_KEYS = ("fid", "kid_mean", "kid_std", "precision", "recall", "num_samples", "num_reference")
 """What :func:`compute_fid` returns (and ``fid_SPLIT.json`` holds besides its sources)."""
 
 
@@ -112,8 +114,9 @@ def compute_fid(
     kid_subset_size: int = KID_SUBSET_SIZE,
     seed: int = KID_SEED,
     progress: bool = False,
-) -> dict[str, float]:
-    """FID and KID of ``samples`` against ``reference``; what ``raydiff evaluate fid`` reports.
+) -> dict[str, float | None]:
+    """FID, KID, precision and recall of ``samples`` against ``reference``; what ``raydiff
+    evaluate fid`` reports.
 
     ``samples`` / ``reference``: any source of :func:`load_images`; a prepared dataset
     contributes its ``split`` (``samples_split`` for the samples side, default ``split``), and a
@@ -122,7 +125,8 @@ def compute_fid(
     ``[B, 3, H, W]`` (default: the FID Inception from ``inception``, see :func:`load_inception`,
     moved to ``device``: CUDA when available). An injected extractor stays on its device.
 
-    :return: ``fid``, ``kid_mean``, ``kid_std``, ``num_samples``, ``num_reference``.
+    :return: ``fid``, ``kid_mean``, ``kid_std``, ``precision``, ``recall`` (k = 3; None with 3
+        images or fewer on a side), ``num_samples``, ``num_reference``.
     """
     _check_arguments(
         samples=samples, reference=reference, num_images=num_images, batch_size=batch_size
@@ -146,10 +150,14 @@ def compute_fid(
         seed=seed,
     )  # fmt: skip
     fid = frechet_distance(sample_features, ref_features)
-    values = (fid, *kid, len(sample_features), len(ref_features))
+    precision = recall = None  # k = 3 needs 4 images on each side
+    if min(len(sample_features), len(ref_features)) > NEIGHBOURHOOD:
+        precision, recall = precision_recall(sample_features, ref_features)
+    values = (fid, *kid, precision, recall, len(sample_features), len(ref_features))
     logger.info(
-        "FID %.4f, KID %.5f +- %.5f (%d samples, %d reference images, %.1f s)",
-        *values, time.perf_counter() - started,
+        "FID %.4f, KID %.5f +- %.5f, precision/recall %s (%d samples, %d reference images, "
+        "%.1f s)", fid, *kid, "-" if precision is None else f"{precision:.3f}/{recall:.3f}",
+        len(sample_features), len(ref_features), time.perf_counter() - started,
     )  # fmt: skip
     return dict(zip(RESULT_KEYS, values, strict=True))
 

@@ -1,4 +1,5 @@
-"""``raydiff evaluate fid``: FID/KID of a set of samples, filed beside them and in their run.
+"""``raydiff evaluate fid``: FID, KID, precision and recall of a set of samples, filed beside them
+and in their run.
 
 Samples written by ``raydiff sample`` know their checkpoint (its ``sampling.json``): the
 reference defaults to the dataset that checkpoint's model trained on, and a run's checkpoint
@@ -19,10 +20,19 @@ from raydiff.evaluate.report import RunCheckpoint, add_to_tensorboard, run_check
 from raydiff.sample.outputs import SAMPLING_RECORD, is_npz_name
 from raydiff.storage import RemotePath, local_copy, resolve_location
 
+TENSORBOARD_SCALARS = {
+    "fid": "fid",
+    "kid": "kid_mean",
+    "precision": "precision",
+    "recall": "recall",
+}
+"""The run's ``eval/NAME_SPLIT`` scalars, by the result key each holds."""
+
 
 @dataclass(kw_only=True)
 class FidResult:
-    """FID/KID and what they were computed between, and where they were written."""
+    """FID, KID, precision and recall and what they were computed between, and where they were
+    written."""
 
     summary: dict[str, Any]
     json_path: Path | RemotePath
@@ -39,8 +49,8 @@ def run_fid(
     batch_size: int = 64,
     out: str | None = None,
 ) -> FidResult:
-    """FID and KID of ``samples`` against ``reference`` (default: the samples' run's dataset),
-    written to ``fid_SPLIT.json`` beside the samples (or ``out``)."""
+    """FID, KID, precision and recall of ``samples`` against ``reference`` (default: the
+    samples' run's dataset), written to ``fid_SPLIT.json`` beside the samples (or ``out``)."""
     location, folder = _samples_location(samples)
     record_file = folder / SAMPLING_RECORD
     record = json.loads(record_file.read_text()) if record_file.is_file() else {}
@@ -65,7 +75,11 @@ def run_fid(
         add_to_tensorboard(
             run.run_dir,
             step=run.step,
-            scalars={f"fid_{split}": result["fid"], f"kid_{split}": result["kid_mean"]},
+            scalars={
+                f"{name}_{split}": result[key]
+                for name, key in TENSORBOARD_SCALARS.items()
+                if result[key] is not None  # precision/recall of 3 images or fewer
+            },
         )
     return FidResult(
         summary=summary, json_path=json_path, tensorboard_run=run.run_dir if run else None

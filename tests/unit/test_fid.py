@@ -262,10 +262,14 @@ def test_compute_fid_on_npz_png_folder_and_dataset(dataset: Path, tmp_path: Path
     same = [fid(tmp_path / "samples.npz", dataset), fid(folder, dataset), fid(folder, folder)]
     for result in same:
         assert result["fid"] == pytest.approx(0.0, abs=1e-8)
+        assert (result["precision"], result["recall"]) == (1.0, 1.0)
         assert result["num_samples"] == result["num_reference"] == 72
     other = fid(tmp_path / "brighter.npz", dataset)
     assert other["fid"] > 0.1 and other["kid_mean"] > 10 * abs(same[0]["kid_mean"])
-    assert set(other) == {"fid", "kid_mean", "kid_std", "num_samples", "num_reference"}
+    assert set(other) == {
+        "fid", "kid_mean", "kid_std", "precision", "recall", "num_samples", "num_reference",
+    }  # fmt: skip
+    assert other["precision"] < 1.0
     limited = compute_fid(
         samples=tmp_path / "samples.npz",
         reference=dataset,
@@ -275,6 +279,13 @@ def test_compute_fid_on_npz_png_folder_and_dataset(dataset: Path, tmp_path: Path
         kid_subsets=2,
     )
     assert limited["num_samples"] == 5 and limited["num_reference"] == 5
+    assert limited["precision"] is not None
+    three = compute_fid(
+        samples=tmp_path / "samples.npz", reference=dataset, split="val", num_images=3,
+        extractor=extractor, kid_subsets=2,
+    )  # fmt: skip
+    # k = 3 nearest neighbours need 4 images a side: no precision or recall, FID and KID still.
+    assert three["precision"] is None and three["recall"] is None and three["fid"] >= 0
 
 
 def test_reference_features_are_cached_once_and_reused(
