@@ -97,3 +97,13 @@ def test_under_ci_a_skipped_test_that_needs_the_dataset_fails_in_any_tier(layout
     done = run(layout, "-m", "unit", "-k", "dataset", ci="1")
     assert done.returncode == 1, done.stdout
     assert "skipped under CI (no Fashion-MNIST here)" in done.stdout
+
+
+def test_under_ci_the_rules_hold_with_the_unit_tiers_parallel_workers(layout: Path) -> None:
+    """`make test` runs the unit tier with pytest-xdist: its controller sees every report."""
+    assert run(layout, "-m", "unit", "-k", "not dataset", "-n", "2", ci="1").returncode == 0
+    done = run(layout, "-m", "unit", "-k", "skips", "-n", "2", ci="1")
+    assert done.returncode == 1 and "all 1 selected tests skipped" in done.stdout, done.stdout
+    done = run(layout, "-m", "unit", "-k", "dataset", "-n", "2", ci="1")
+    assert done.returncode == 1, done.stdout
+    assert "skipped under CI (no Fashion-MNIST here)" in done.stdout
