@@ -30,11 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_address_argument(bpd)
     fid = metrics.add_parser(
         "fid",
-        help="FID and KID of samples against a reference (Inception weights from a local file)",
-        description="FID and KID between samples (a `raydiff sample` folder or npz, or an image "
-        "folder) and a reference (a prepared dataset's split, an npz or an image folder), with "
-        "the standard FID Inception network (torch-fidelity's) read from a local weights file. "
-        "A prepared dataset's reference features are cached next to it.",
+        help="FID, KID, precision and recall of samples against a reference (Inception weights "
+        "from a local file)",
+        description="FID, KID and improved precision and recall (k = 3) between samples (a "
+        "`raydiff sample` folder or npz, or an image folder) and a reference (a prepared "
+        "dataset's split, an npz or an image folder), with the standard FID Inception network "
+        "(torch-fidelity's) read from a local weights file. A prepared dataset's reference "
+        "features are cached next to it.",
     )
     add_options(fid, FidOptions)
 

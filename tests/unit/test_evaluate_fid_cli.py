@@ -56,3 +56,6 @@ def test_samples_of_a_runs_checkpoint_default_to_its_dataset_and_reach_its_tenso
     events.Reload()
     (scalar,) = events.Scalars("eval/fid_train")
     assert scalar.step == 40 and scalar.value == pytest.approx(result.summary["fid"])
+    for name in ("precision", "recall"):  # 6 samples: more than k = 3, so both are defined
+        (scalar,) = events.Scalars(f"eval/{name}_train")
+        assert scalar.step == 40 and scalar.value == pytest.approx(result.summary[name])
