@@ -1,4 +1,4 @@
-"""Config -> core objects: the UNet and the diffusion a typed config describes.
+"""Config -> core objects: the UNet, the classifier and the diffusion a typed config describes.
 
 improved-diffusion's ``script_util`` does this from keyword flags; here it takes the typed
 sections of :mod:`raydiff.config`. It lives above both, so ``raydiff.core`` stays free of any
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from raydiff.config import DiffusionConfig, ModelConfig
+from raydiff.config import DiffusionConfig, ExperimentConfig, ModelConfig
 from raydiff.core.gaussian_diffusion import LossType, ModelMeanType, ModelVarType
 from raydiff.core.respace import SpacedDiffusion, space_timesteps
 from raydiff.core.schedules import get_named_beta_schedule
-from raydiff.core.unet import UNetModel
+from raydiff.core.unet import EncoderUNetModel, UNetModel
 
 
 class ModelAndDiffusionConfig(Protocol):
@@ -43,6 +43,26 @@ def create_model(config: ModelConfig, *, learn_sigma: bool) -> UNetModel:
         use_scale_shift_norm=config.use_scale_shift_norm,
         resblock_updown=config.resblock_updown,
         use_new_attention_order=config.use_new_attention_order,
+    )
+
+
+def create_classifier(config: ExperimentConfig) -> EncoderUNetModel:
+    """guided-diffusion's ``create_classifier``: the ``EncoderUNetModel`` of the classifier
+    section, for the model section's images and classes."""
+    model, classifier = config.model, config.classifier
+    return EncoderUNetModel(
+        image_size=model.image_size,
+        in_channels=model.in_channels,
+        model_channels=classifier.classifier_width,
+        out_channels=model.num_classes,
+        num_res_blocks=classifier.classifier_depth,
+        attention_resolutions=classifier.attention_downsample_rates(model.image_size),
+        channel_mult=classifier.channel_mult(model.image_size),
+        use_fp16=classifier.classifier_use_fp16,
+        num_head_channels=classifier.classifier_num_head_channels,
+        use_scale_shift_norm=classifier.classifier_use_scale_shift_norm,
+        resblock_updown=classifier.classifier_resblock_updown,
+        pool=classifier.classifier_pool,
     )
 
 

@@ -25,6 +25,25 @@ def tiny_model(*, image_size: int = 16, attention: str = "") -> list[str]:
     ]
 
 
+def tiny_classifier(*, image_size: int = 16, num_classes: int = 10) -> list[str]:
+    """Overrides for a tiny noisy classifier (``train.task=classifier``) of 1-channel images:
+    32 channels, two levels of one residual block, the attention head at the smallest level."""
+    return [
+        "train.task=classifier",
+        f"model.image_size={image_size}",
+        "model.in_channels=1",
+        f"model.num_classes={num_classes}",
+        "model.channel_mult=1,2",  # the model section is checked as a UNet's at any task
+        "model.attention_resolutions=",
+        "classifier.classifier_width=32",
+        "classifier.classifier_depth=1",
+        "classifier.classifier_channel_mult=1,2",
+        f"classifier.classifier_attention_resolutions={image_size // 2}",
+        "classifier.classifier_num_head_channels=32",
+        "optim.ema_rate=",
+    ]
+
+
 class TinyFeatures(torch.nn.Module):
     """A random conv feature extractor with Inception's interface (uint8 [B, 3, H, W]): what
     ``raydiff.evaluate.fid.load_inception`` is replaced by where no weights file is at hand."""

@@ -178,7 +178,10 @@ def sets_field(overrides: list[str], name: str) -> bool:
 
 def format_metrics(metrics: dict[str, Any]) -> str:
     """The headline metrics of a run or an evaluation on one line."""
-    keys = ("step", "loss", "val_bpd", "val_mse", "images_per_s", "bpd_val", "fid", "kid_mean")
+    keys = (
+        *("step", "loss", "val_bpd", "val_mse", "val_loss", "val_acc@1", "val_acc@1_t0"),
+        *("images_per_s", "bpd_val", "fid", "kid_mean"),
+    )
     return "  ".join(
         f"{k} {metrics[k]:.4g}" if isinstance(metrics[k], float) else f"{k} {metrics[k]}"
         for k in keys

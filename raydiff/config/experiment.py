@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raydiff.config.sections import (
+    ClassifierConfig,
     DiffusionConfig,
     EvaluationConfig,
     ModelConfig,
@@ -40,7 +41,9 @@ class ExperimentConfig:
     """Everything that defines a run: model, diffusion, optimiser and training loop."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    """The UNet."""
+    """The UNet; its image size, channels and classes are the classifier's too."""
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
+    """The noisy classifier, when ``train.task`` is 'classifier'."""
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     """The diffusion process and loss."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -55,16 +58,20 @@ class ExperimentConfig:
     """Evaluation of checkpoints during training."""
 
     def __post_init__(self) -> None:
+        if self.train.task == "classifier":
+            self._check_classifier()
         for data_field, source in DATA_FIELDS_DERIVED.items():
             value = _source_value(vars(self), source)
             if getattr(self.data, data_field) != value:
                 raise _contradiction(data_field, getattr(self.data, data_field), source, value)
-        if self.model.use_fp16 and self.train.precision != "fp16":
+        fp16_flag = _fp16_flag(self.model, self.classifier, self.train.task)
+        if fp16_flag and self.train.precision != "fp16":
+            section, name = fp16_flag.split(".")
             raise invalid(
-                "model",
-                "use_fp16",
+                section,
+                name,
                 True,
-                f"improved-diffusion's --use_fp16 asks for fp16 training but "
+                f"the original's --{name} asks for fp16 training but "
                 f"train.precision={self.train.precision!r}: set one of them",
             )
         if self.train.eval_timesteps > self.diffusion.diffusion_steps:
@@ -88,20 +95,56 @@ class ExperimentConfig:
         if self.evaluation.every_checkpoint:
             self.evaluation.sampling_diffusion(self.diffusion)  # the respacing fits the steps
 
+    def _check_classifier(self) -> None:
+        """A classifier trains on labels, fits its images, and has no samples to evaluate."""
+        if not self.model.class_cond:
+            raise invalid(
+                "model",
+                "class_cond",
+                False,
+                "train.task=classifier trains on the data's labels: set model.class_cond=true "
+                "(model.num_classes is the classifier's class count)",
+            )
+        self.classifier.check_architecture(
+            image_size=self.model.image_size,
+            in_channels=self.model.in_channels,
+            num_classes=self.model.num_classes,
+        )
+        if self.evaluation.every_checkpoint:
+            raise invalid(
+                "evaluation",
+                "every_checkpoint",
+                True,
+                "evaluates a diffusion model's samples; a classifier's validation accuracy is "
+                "train.eval_interval's",
+            )
+
+
+def _fp16_flag(model: ModelConfig, classifier: ClassifierConfig, task: str) -> str | None:
+    """The original's fp16 flag the trained network sets (``model.use_fp16`` or
+    ``classifier.classifier_use_fp16``), or None."""
+    if task == "classifier":
+        return "classifier.classifier_use_fp16" if classifier.classifier_use_fp16 else None
+    return "model.use_fp16" if model.use_fp16 else None
+
 
 def derive_sections(sections: Mapping[str, Any], given_data: Mapping[str, Any]) -> dict[str, Any]:
     """The sections of an :class:`ExperimentConfig` with the fields that follow another section
-    filled in: ``data.image_size`` and the other :data:`DATA_FIELDS_DERIVED`, and
-    ``train.precision=fp16`` for ``model.use_fp16`` when precision was left at fp32 or auto.
+    filled in: ``model.class_cond`` for a classifier (it trains on labels), ``data.image_size``
+    and the other :data:`DATA_FIELDS_DERIVED`, and ``train.precision=fp16`` for the trained
+    network's fp16 flag when precision was left at fp32 or auto.
 
     ``sections`` holds every section, built; ``given_data`` is the data section's mapping as
     given. A derived field given there must agree with its source, or it would be dropped without
     a word. Returns new sections; those passed in are not modified.
     """
     derived = dict(sections)
+    train = sections["train"]
+    if train.task == "classifier" and not sections["model"].class_cond:
+        derived["model"] = dataclasses.replace(sections["model"], class_cond=True)
     values = {}
     for data_field, source in DATA_FIELDS_DERIVED.items():
-        value = _source_value(sections, source)
+        value = _source_value(derived, source)
         given = getattr(sections["data"], data_field)
         if data_field in given_data and given != value:
             raise _contradiction(data_field, given, source, value)
@@ -110,8 +153,8 @@ def derive_sections(sections: Mapping[str, Any], given_data: Mapping[str, Any]) 
         check_data_field(data_field, value, section=section, field=name)
         values[data_field] = value
     derived["data"] = dataclasses.replace(sections["data"], **values)
-    train = sections["train"]
-    if sections["model"].use_fp16 and train.precision in ("fp32", "auto"):
+    fp16_flag = _fp16_flag(sections["model"], sections["classifier"], train.task)
+    if fp16_flag and train.precision in ("fp32", "auto"):
         derived["train"] = dataclasses.replace(train, precision="fp16")
     return derived
 

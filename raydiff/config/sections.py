@@ -1,4 +1,5 @@
-"""The sections of an experiment config: model, diffusion, optim, train, scaling, evaluation.
+"""The sections of an experiment config: model, classifier, diffusion, optim, train, scaling,
+evaluation.
 
 Each section is a ``@dataclass(kw_only=True)`` that validates itself on construction and raises a
 :class:`~raydiff.errors.ConfigError` naming the field, the bad value and what would be valid. A
@@ -190,6 +191,146 @@ UNET_ARGUMENT_FIELDS = {
 """The ModelConfig field behind each UNetModel argument that ``check_unet_architecture`` checks."""
 
 
+ClassifierPool = Literal["adaptive", "attention", "spatial", "spatial_v2"]
+
+# guided-diffusion's create_classifier: channel multipliers by image size.
+CLASSIFIER_CHANNEL_MULT_BY_IMAGE_SIZE: dict[int, tuple[float, ...]] = {
+    64: (1, 2, 3, 4),
+    128: (1, 1, 2, 3, 4),
+    256: (1, 1, 2, 2, 4, 4),
+    512: (0.5, 1, 1, 2, 2, 4, 4),
+}
+
+
+@dataclass(kw_only=True)
+class ClassifierConfig:
+    """guided-diffusion's noisy-image classifier (``EncoderUNetModel``, its ``classifier_*`` flags
+    and defaults) and how ``train.task=classifier`` trains it. Its image size, channels and class
+    count are the model section's (``image_size``, ``in_channels``, ``num_classes``)."""
+
+    classifier_width: int = 128
+    """Base channel count of the classifier."""
+    classifier_depth: int = 2
+    """Residual blocks per resolution level."""
+    classifier_attention_resolutions: str = "32,16,8"
+    """Comma-separated resolutions (in pixels) with self-attention."""
+    classifier_use_scale_shift_norm: bool = True
+    """FiLM-like conditioning of the normalisation on the timestep embedding."""
+    classifier_resblock_updown: bool = True
+    """Residual blocks for downsampling."""
+    classifier_pool: ClassifierPool = "attention"
+    """The head: attention, adaptive (average), spatial or spatial_v2."""
+    classifier_use_fp16: bool = False
+    """guided-diffusion's fp16 classifier: means train.precision=fp16 when training one."""
+    classifier_channel_mult: str = ""
+    """Comma-separated multipliers per level; '' takes guided-diffusion's table (64, 128, 256,
+    512 pixels; other sizes must set it)."""
+    classifier_num_head_channels: int = 64
+    """Channels per attention head (guided-diffusion fixes 64)."""
+    noised: bool = True
+    """Train on x_t = q_sample(x_0, t) at uniformly drawn t (a noisy classifier, for guidance);
+    false: on the clean images at t = 0 (an evaluator)."""
+    random_crop: bool = True
+    """guided-diffusion's training crop: each image is resized by a random factor in
+    [1, 1.25] (bicubic) and cropped back to its size at a random place."""
+
+    def __post_init__(self) -> None:
+        s = "classifier"
+        for name in ("classifier_width", "classifier_depth", "classifier_num_head_channels"):
+            if getattr(self, name) < 1:
+                raise invalid(s, name, getattr(self, name), "must be >= 1")
+        if self.classifier_pool not in get_args(ClassifierPool):
+            valid = ", ".join(get_args(ClassifierPool))
+            raise invalid(s, "classifier_pool", self.classifier_pool, f"valid: {valid}")
+        parse_int_list(
+            self.classifier_attention_resolutions,
+            section=s,
+            name="classifier_attention_resolutions",
+        )
+        if self.classifier_channel_mult.strip():
+            self._explicit_channel_mult()
+
+    def check_architecture(self, *, image_size: int, in_channels: int, num_classes: int) -> None:
+        """The network's own checks (GroupNorm groups, heads, resolutions) for these images,
+        with errors naming this section's fields."""
+        from raydiff.core.unet_arguments import UNetArgumentError, check_unet_architecture
+
+        try:
+            check_unet_architecture(
+                image_size=image_size,
+                in_channels=in_channels,
+                model_channels=self.classifier_width,
+                out_channels=num_classes,
+                num_res_blocks=self.classifier_depth,
+                attention_resolutions=self.attention_downsample_rates(image_size),
+                channel_mult=self.channel_mult(image_size),
+                num_head_channels=self.classifier_num_head_channels,
+            )
+        except UNetArgumentError as err:
+            name = CLASSIFIER_ARGUMENT_FIELDS.get(err.argument)
+            if name is None:  # a model-section value (image size, channels, classes)
+                model_field = {"out_channels": "num_classes"}.get(err.argument, err.argument)
+                raise invalid("model", model_field, err.value, err.reason) from None
+            raise invalid("classifier", name, getattr(self, name), err.reason) from None
+
+    def _explicit_channel_mult(self) -> tuple[float, ...]:
+        try:
+            mult = tuple(float(m) for m in self.classifier_channel_mult.split(","))
+        except ValueError:
+            mult = ()
+        if not mult or any(m <= 0 for m in mult):
+            raise invalid(
+                "classifier",
+                "classifier_channel_mult",
+                self.classifier_channel_mult,
+                "expected positive numbers like '1,2,2'",
+            )
+        return tuple(int(m) if m == int(m) else m for m in mult)
+
+    def channel_mult(self, image_size: int) -> tuple[float, ...]:
+        """The explicit multipliers, or guided-diffusion's for ``image_size``."""
+        if self.classifier_channel_mult.strip():
+            return self._explicit_channel_mult()
+        if image_size not in CLASSIFIER_CHANNEL_MULT_BY_IMAGE_SIZE:
+            sizes = ", ".join(str(k) for k in CLASSIFIER_CHANNEL_MULT_BY_IMAGE_SIZE)
+            raise invalid(
+                "classifier",
+                "classifier_channel_mult",
+                self.classifier_channel_mult,
+                f"guided-diffusion defines no multipliers for image_size {image_size} (only "
+                f"{sizes}): set it, e.g. '1,2,2'",
+            )
+        return CLASSIFIER_CHANNEL_MULT_BY_IMAGE_SIZE[image_size]
+
+    def attention_downsample_rates(self, image_size: int) -> tuple[int, ...]:
+        """Attention resolutions as downsample rates (``image_size // res``, as guided-diffusion's
+        ``create_classifier``); each must divide ``image_size``."""
+        resolutions = parse_int_list(
+            self.classifier_attention_resolutions,
+            section="classifier",
+            name="classifier_attention_resolutions",
+        )
+        for res in resolutions:
+            if not (0 < res <= image_size and image_size % res == 0):
+                raise invalid(
+                    "classifier",
+                    "classifier_attention_resolutions",
+                    self.classifier_attention_resolutions,
+                    f"{res} does not divide image_size {image_size}",
+                )
+        return tuple(image_size // res for res in resolutions)
+
+
+CLASSIFIER_ARGUMENT_FIELDS = {
+    "model_channels": "classifier_width",
+    "num_res_blocks": "classifier_depth",
+    "attention_resolutions": "classifier_attention_resolutions",
+    "channel_mult": "classifier_channel_mult",
+    "num_head_channels": "classifier_num_head_channels",
+}
+"""The ClassifierConfig field behind each EncoderUNetModel argument the UNet checks cover."""
+
+
 @dataclass(kw_only=True)
 class DiffusionConfig:
     """The diffusion process and objective (improved-diffusion's diffusion flags and defaults)."""
@@ -238,6 +379,7 @@ class DiffusionConfig:
 
 
 Precision = Literal["fp32", "fp16", "bf16", "auto"]
+TaskName = Literal["diffusion", "classifier"]
 ScheduleSamplerName = Literal["uniform", "loss-second-moment"]
 
 
@@ -300,8 +442,11 @@ class OptimConfig:
 
 @dataclass(kw_only=True)
 class TrainConfig:
-    """The training run: batch, precision, length, intervals."""
+    """The training run: what is trained, batch, precision, length, intervals."""
 
+    task: TaskName = "diffusion"
+    """What is trained: 'diffusion' (the model section's UNet) or 'classifier' (guided-diffusion's
+    noisy classifier of the classifier section, on the data's labels)."""
     batch_size: int = 64
     """Global batch size (over all workers); per-worker batches are derived from it. The one
     default that differs from improved-diffusion's (its image_train.py has 1, a per-process
@@ -350,7 +495,11 @@ class TrainConfig:
             raise invalid(s, "batch_size", self.batch_size, "must be >= 1")
         if self.microbatch == 0 or self.microbatch < -1:
             raise invalid(s, "microbatch", self.microbatch, "must be -1 (off) or >= 1")
-        for name, valid in (("precision", Precision), ("schedule_sampler", ScheduleSamplerName)):
+        for name, valid in (
+            ("task", TaskName),
+            ("precision", Precision),
+            ("schedule_sampler", ScheduleSamplerName),
+        ):
             if getattr(self, name) not in get_args(valid):
                 raise invalid(s, name, getattr(self, name), f"valid: {', '.join(get_args(valid))}")
         for name in ("max_steps", "log_interval", "save_interval"):

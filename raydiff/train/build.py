@@ -57,13 +57,18 @@ def build_trainer(
         device=runtime.device,
         rank=runtime.rank,
     )
+    objective = (
+        f"{diffusion.model_mean_type.name}, {diffusion.loss_type.name}"
+        if config.train.task == "diffusion"
+        else "cross-entropy " + ("of x_t" if config.classifier.noised else "at t = 0")
+    )
     logger.info(
-        "model: %.2fM parameters; diffusion: T=%d %s, %s, %s; %d worker(s), %d images each, %s",
+        "%s: %.2fM parameters; diffusion: T=%d %s; %s; %d worker(s), %d images each, %s",
+        config.train.task,
         sum(p.numel() for p in model.parameters()) / 1e6,
         config.diffusion.diffusion_steps,
         config.diffusion.noise_schedule,
-        diffusion.model_mean_type.name,
-        diffusion.loss_type.name,
+        objective,
         runtime.world_size,
         trainer.local_batch_size,
         trainer.precision.precision,

@@ -5,7 +5,7 @@ the runtime's checkpoint if there is one, then steps until ``train.max_steps``: 
 ``log_interval`` steps, validation every ``eval_interval``, previews (EMA sample grids) every
 ``sample_interval``, a checkpoint every ``save_interval``, and all of them at the last step.
 What is trained (model, loss, validation, preview) is the task's business
-(:class:`raydiff.train.task.Task`, the diffusion model by default); where it runs (rank, data,
+(:class:`raydiff.train.task.Task`: by default the one ``train.task`` names); where it runs (rank, data,
 collectives, how checkpoints are stored) is the :class:`raydiff.train.runtime.Runtime`'s. No Ray
 here.
 
@@ -39,7 +39,7 @@ from raydiff.train.progress import format_eta, progress_fields
 from raydiff.train.run_files import RunFiles
 from raydiff.train.runtime import Runtime
 from raydiff.train.task import Batch, TaskFactory
-from raydiff.train.tasks.diffusion import diffusion_task
+from raydiff.train.tasks import task_of_config
 from raydiff.train.throughput_window import ThroughputWindow
 from raydiff.train.trainer import RanksOutOfSyncError, StepResult
 from raydiff.train.validation import weights_swapped
@@ -55,7 +55,7 @@ def run_loop(
     *,
     runtime: Runtime,
     output_dir: Path | RemotePath,
-    make_task: TaskFactory = diffusion_task,
+    make_task: TaskFactory = task_of_config,
 ) -> dict[str, Any]:
     """Train ``make_task(config)`` until ``config.train.max_steps``; returns the last reported
     metrics (main rank)."""

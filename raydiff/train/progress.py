@@ -12,7 +12,9 @@ def progress_fields(metrics: dict[str, Any]) -> str:
     for key, fmt in (
         ("loss", "loss {:.4f}"),
         ("mse", "mse {:.4f}"),
+        ("acc@1", "acc@1 {:.3f}"),
         ("val_bpd", "val_bpd {:.3f}"),
+        ("val_acc@1", "val_acc@1 {:.3f}"),
         ("images_per_s", "{:.0f} img/s"),
         ("lr", "lr {:.2e}"),
     ):

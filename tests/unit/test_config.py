@@ -147,7 +147,16 @@ def test_no_section_changes_another():
     assert ExperimentConfig(**derived).model is model
 
 
-DATA_SECTIONS = ("model", "diffusion", "optim", "train", "data", "scaling", "evaluation")
+DATA_SECTIONS = (
+    "model",
+    "classifier",
+    "diffusion",
+    "optim",
+    "train",
+    "data",
+    "scaling",
+    "evaluation",
+)
 
 
 def test_cross_section_limits():

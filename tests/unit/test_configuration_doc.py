@@ -53,6 +53,7 @@ def test_every_field_of_every_section_is_documented(doc: str) -> None:
     }
     assert set(SECTIONS) == {
         "model",
+        "classifier",
         "diffusion",
         "optim",
         "train",

@@ -1,0 +1,166 @@
+"""guided-diffusion's noisy classifier as a task of the loop (its ``classifier_train.py`` script).
+
+An ``EncoderUNetModel`` learns ``p(y | x_t, t)``: cross-entropy of the labels on
+``x_t = q_sample(x_0, t)`` at timesteps drawn by the run's timestep sampler (uniform by default,
+as there), or on the clean images at t = 0 with ``classifier.noised=false`` (an evaluator for
+sample quality). ADM (Dhariwal & Nichol 2021, sec. 4) uses the noisy one's gradient
+``grad_x log p(y | x_t, t)`` to guide sampling. Accuracy is logged as guided-diffusion's
+``log_loss_dict`` does: ``acc@1`` and ``acc@5`` per sample, so the loop logs them overall and per
+quarter of t. No preview: a classifier draws no images.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from raydiff.config import ExperimentConfig
+from raydiff.core.gaussian_diffusion import GaussianDiffusion
+from raydiff.factory import create_classifier, create_gaussian_diffusion
+from raydiff.train.runtime import Runtime
+from raydiff.train.task import Batch, ValBatches
+
+TERMS = ("loss", "acc@1", "acc@5")
+"""The per-sample terms, as guided-diffusion logs them."""
+
+MAX_CROP_ZOOM = 1.25
+"""guided-diffusion's ``random_crop_arr`` crops S x S out of the image resized to a side in
+[S, S / 0.8]: a zoom of at most 1 / 0.8."""
+
+
+def classification_terms(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-sample cross-entropy and top-1 / top-5 hits (1.0 or 0.0; top-k of k >= the class
+    count always hits)."""
+    logits = logits.float()
+    top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+    hits = top == labels[:, None]
+    return {
+        "loss": F.cross_entropy(logits, labels, reduction="none"),
+        "acc@1": hits[:, :1].any(dim=-1).float(),
+        "acc@5": hits.any(dim=-1).float(),
+    }
+
+
+def random_resized_crop(x: torch.Tensor, *, max_zoom: float = MAX_CROP_ZOOM) -> torch.Tensor:
+    """Each image resized to a random side in [S, ceil(S * max_zoom)] (bicubic, clamped to
+    [-1, 1]) and cropped back to S x S at a random place: guided-diffusion's training crop on
+    images that are already S x S. Draws from torch's generator, which the trainer seeds per
+    step."""
+    size = x.shape[-1]
+    largest = math.ceil(size * max_zoom)
+    sides = torch.randint(size, largest + 1, (len(x),)).tolist()
+    out = []
+    for image, side in zip(x, sides, strict=True):
+        if side != size:
+            image = F.interpolate(image[None], size=(side, side), mode="bicubic")[0]
+            top, left = torch.randint(0, side - size + 1, (2,)).tolist()
+            image = image[:, top : top + size, left : left + size].clamp(-1, 1)
+        out.append(image)
+    return torch.stack(out)
+
+
+class ClassifierTask:
+    """A classifier of ``x_t`` (or of clean images) trained on the data's labels ``y``.
+
+    :param noised: train and evaluate on ``q_sample``'d images at the sampled t (else t = 0).
+    :param random_crop: apply :func:`random_resized_crop` to training batches.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module,
+        diffusion: GaussianDiffusion,
+        noised: bool,
+        random_crop: bool,
+    ) -> None:
+        self.model = model
+        self.diffusion = diffusion
+        self.noised = noised
+        self.random_crop = random_crop
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig) -> ClassifierTask:
+        """The classifier section's network; its noise is the diffusion section's schedule (the
+        one of the diffusion model it will guide)."""
+        return cls(
+            model=create_classifier(config),
+            diffusion=create_gaussian_diffusion(config.diffusion),
+            noised=config.classifier.noised,
+            random_crop=config.classifier.random_crop,
+        )
+
+    def inputs(
+        self, x: torch.Tensor, t: torch.Tensor, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x_t, t)`` the classifier sees: the noised images, or the clean ones at t = 0."""
+        if not self.noised:
+            return x, torch.zeros_like(t)
+        return self.diffusion.q_sample(x, t, noise=noise), t
+
+    def losses(
+        self, model: torch.nn.Module, batch: Batch, t: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Cross-entropy and hits of ``batch["y"]`` on the (cropped) batch at ``t``."""
+        x = random_resized_crop(batch["x"]) if self.random_crop else batch["x"]
+        x_t, t = self.inputs(x, t)
+        return classification_terms(model(x_t, t), batch["y"])
+
+    def evaluate(
+        self, model: torch.nn.Module, batches: ValBatches, *, seed: int
+    ) -> dict[str, torch.Tensor]:
+        """Sums of the terms over the val images, overall, per quarter of t and at t = 0. Each
+        image's t and noise come from ``seed``: the same draw at every evaluation."""
+        generator = torch.Generator().manual_seed(seed)
+        num_timesteps = self.diffusion.num_timesteps
+        totals: dict[str, torch.Tensor] = {}
+        for x, cond in batches:
+            t = torch.randint(0, num_timesteps, (len(x),), generator=generator).to(x.device)
+            noise = torch.randn(x.shape, generator=generator).to(x.device)
+            x_t, t = self.inputs(x, t, noise)
+            terms = classification_terms(model(x_t, t), cond["y"])
+            quarter = (4 * t // num_timesteps).clamp(max=3)
+            _add(totals, "count", torch.ones_like(terms["loss"]))
+            for q in range(4):
+                _add(totals, f"count_q{q}", (quarter == q).double())
+            for name, values in terms.items():
+                _add(totals, name, values)
+                for q in range(4):
+                    _add(totals, f"{name}_q{q}", values * (quarter == q))
+            if self.noised:  # the clean images too: what the classifier knows at t = 0
+                zero = torch.zeros_like(t)
+                for name, values in classification_terms(model(x, zero), cond["y"]).items():
+                    _add(totals, f"{name}_t0", values)
+        return totals
+
+    def evaluation_metrics(self, totals: dict[str, torch.Tensor]) -> dict[str, float]:
+        """``val_loss``, ``val_acc@1``, ``val_acc@5``, the same at t = 0 (``val_acc@1_t0``...)
+        and per quarter of t (``val_acc@1_q0``...; quarters without images are left out)."""
+        count = float(totals["count"])
+        metrics = {}
+        for name in TERMS:
+            metrics[f"val_{name}"] = float(totals[name]) / count
+            # A clean classifier sees t = 0 in every evaluation: its t = 0 figures are these.
+            t0 = totals.get(f"{name}_t0", totals[name])
+            metrics[f"val_{name}_t0"] = float(t0) / count
+            for q in range(4):
+                n = float(totals[f"count_q{q}"])
+                if n > 0:
+                    metrics[f"val_{name}_q{q}"] = float(totals[f"{name}_q{q}"]) / n
+        return metrics
+
+    def preview(self, model: torch.nn.Module, *, seed: int) -> None:
+        """A classifier draws no images."""
+        return None
+
+
+def _add(totals: dict[str, torch.Tensor], name: str, values: torch.Tensor) -> None:
+    total = values.double().sum()
+    totals[name] = totals[name] + total if name in totals else total
+
+
+def classifier_task(config: ExperimentConfig, *, runtime: Runtime) -> ClassifierTask:
+    """The :class:`raydiff.train.task.TaskFactory` of ``train.task=classifier``."""
+    return ClassifierTask.from_config(config)
