@@ -100,10 +100,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the config, check it, prepare the embedded dataset if needed, and train."""
+    return train(options_from_args(TrainOptions, args), address=args.address)
+
+
+def train(options: TrainOptions, *, address: str | None, task: str | None = None) -> int:
+    """Train what ``options`` ask for (on Ray, or in this process); ``task``: the
+    ``train.task`` the config must have (None: any)."""
     from raydiff.storage import resolve_location
 
-    options = options_from_args(TrainOptions, args)
     config, manifest = checked_config(options)
+    if task is not None and config.train.task != task:
+        raise UserInputError(
+            f"--config {options.config} trains train.task={config.train.task!r}, not {task!r}: "
+            f"give a {task} config (or --set train.task={task})"
+        )
     output = resolve_location(options.output)  # an absolute local path, or a URI (s3://, gs://)
     if options.single_process:
         from raydiff.train.local import run_single_process
@@ -119,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
             output_dir=output,
             resume=options.resume,
             manifest=manifest,
-            address=args.address,
+            address=address,
         )
     print(f"final metrics: {format_metrics(result)}")
     if "evaluation" in result:

@@ -31,7 +31,9 @@ class ModelActor:
         weights: dict[str, Any],
         *,
         threads: int = 1,
-        classifier: tuple[Any, dict[str, Any], float] | None = None,
+        classifier: ExperimentConfig | None = None,
+        classifier_weights: dict[str, Any] | None = None,
+        classifier_scale: float = 1.0,
     ) -> None:
         import torch
 
@@ -52,14 +54,14 @@ class ModelActor:
         )
         self.cond_fn = None
         if classifier is not None:
-            from raydiff.sample.classifier import classifier_cond_fn, create_classifier
+            from raydiff.factory import create_classifier
+            from raydiff.sample.classifier import classifier_cond_fn
 
-            classifier_config, classifier_weights, scale = classifier
-            net = create_classifier(classifier_config)
+            net = create_classifier(classifier)
             net.load_state_dict(classifier_weights, strict=True)
-            if classifier_config.classifier_use_fp16 and self.device.type == "cuda":
+            if classifier.classifier.classifier_use_fp16 and self.device.type == "cuda":
                 net.convert_to_fp16()
-            self.cond_fn = classifier_cond_fn(net.eval().to(self.device), scale=scale)
+            self.cond_fn = classifier_cond_fn(net.eval().to(self.device), scale=classifier_scale)
 
     def sample(
         self, indices: range, labels: np.ndarray | None, options: Any
@@ -124,12 +126,18 @@ def model_actors(
     weights in the object store; killed when the block ends, by an error or Ctrl-C too (a
     driver joined to a cluster would otherwise leave them holding its CPUs or GPUs)."""
     weights_ref = ray.put({k: v.cpu() for k, v in weights.items()})
+    guidance = {}
     if classifier is not None:
-        classifier = (classifier[0], ray.put(classifier[1]), classifier[2])
+        # Top-level arguments only: Ray resolves an object ref there, not inside a tuple.
+        guidance = {
+            "classifier": classifier[0],
+            "classifier_weights": ray.put(classifier[1]),
+            "classifier_scale": classifier[2],
+        }
     resources = {"num_gpus": 1} if use_gpu else {"num_cpus": 1}
     actors = [
         ModelActor.options(**resources).remote(
-            config, diffusion_config, weights_ref, threads=1, classifier=classifier
+            config, diffusion_config, weights_ref, threads=1, **guidance
         )
         for _ in range(num_workers)
     ]

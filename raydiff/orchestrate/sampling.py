@@ -105,36 +105,19 @@ def _guidance_and_classes(
     num_classes = config.model.num_classes if config.model.class_cond else None
     guidance = None
     if options.classifier:
-        classifier_config, classifier_weights = _load_guidance(options, config)
-        if num_classes is not None and classifier_config.num_classes != num_classes:
-            raise UserInputError(
-                f"--classifier has {classifier_config.num_classes} classes, the model "
-                f"{num_classes}: they must agree"
-            )
-        num_classes = classifier_config.num_classes
-        guidance = (classifier_config, classifier_weights, options.classifier_scale)
+        from raydiff.sample.classifier import check_guides, load_classifier
+        from raydiff.sample.load import parse_model_flags
+
+        flags = parse_model_flags(options.classifier_flags) if options.classifier_flags else None
+        classifier = load_classifier(options.classifier, flags=flags, model_config=config)
+        check_guides(classifier.config, config, name=f"--classifier {options.classifier}")
+        num_classes = classifier.config.model.num_classes
+        guidance = (classifier.config, classifier.network.state_dict(), options.classifier_scale)
     if options.class_labels and num_classes is None:
         raise UserInputError(
             "--class-labels given, but the model is not class-conditional (and no --classifier)"
         )
     return guidance, num_classes
-
-
-def _load_guidance(options: SampleOptions, config: ExperimentConfig) -> tuple[Any, dict[str, Any]]:
-    """The guidance classifier's config and weights, checked against its file before Ray."""
-    from raydiff.sample.classifier import classifier_config_from_flags, load_classifier
-    from raydiff.sample.load import parse_model_flags
-
-    if not Path(options.classifier).is_file():
-        raise FileNotFoundError(f"--classifier {options.classifier!r} does not exist")
-    classifier_config = classifier_config_from_flags(
-        parse_model_flags(options.classifier_flags or ""),
-        image_size=config.model.image_size,
-        in_channels=config.model.in_channels,
-        num_classes=config.model.num_classes,
-    )
-    classifier = load_classifier(options.classifier, classifier_config)
-    return classifier_config, classifier.state_dict()
 
 
 def _log_start(

@@ -1,11 +1,13 @@
-"""Classifier guidance: a guided-diffusion noisy-image classifier and the ``cond_fn`` it gives.
+"""Classifier guidance: a noisy-image classifier and the ``cond_fn`` it gives.
 
 ADM (Dhariwal & Nichol 2021, alg. 1) shifts each reverse step's mean by
 ``s * Sigma * grad_x log p_phi(y | x_t, t)``; the core does the shift
 (``GaussianDiffusion.condition_mean``, and ``condition_score`` for DDIM, alg. 2) given a
-``cond_fn(x_t, t, y)`` that returns ``s * grad_x log p_phi(y | x_t, t)``. The classifier is
-guided-diffusion's ``EncoderUNetModel`` built from its ``classifier_*`` flags, so the published
-``64x64_classifier.pt`` etc. load with the flags they were trained with. No Ray here.
+``cond_fn(x_t, t, y)`` that returns ``s * grad_x log p_phi(y | x_t, t)``. The classifier is a
+raydiff classifier checkpoint (``raydiff train-classifier``; its config.json describes it) or a
+published guided-diffusion ``.pt`` (``64x64_classifier.pt`` etc.) with the ``classifier_*``
+flags it was trained with. Either way it is described by an ``ExperimentConfig`` of
+``train.task=classifier``, built by :func:`raydiff.factory.create_classifier`. No Ray here.
 """
 
 from __future__ import annotations
@@ -13,105 +15,96 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from raydiff.config import from_dict
-from raydiff.core.unet import EncoderUNetModel
+from raydiff.config import DATA_FIELDS_DERIVED, ExperimentConfig, from_dict, to_dict
 from raydiff.errors import UserInputError
+from raydiff.factory import create_classifier
+from raydiff.storage import RemotePath, as_location
 from raydiff.train.checkpoint import load_model_weights
 
-# guided-diffusion's create_classifier: channel multipliers by resolution.
-_CHANNEL_MULT_BY_SIZE = {
-    512: "0.5,1,1,2,2,4,4",
-    256: "1,1,2,2,4,4",
-    128: "1,1,2,3,4",
-    64: "1,2,3,4",
-}
+MODEL_FLAGS = ("image_size", "in_channels", "num_classes")
+"""Flags of ``--classifier-flags`` that describe the images and classes (the model section)."""
 
 
 @dataclass(kw_only=True)
-class ClassifierConfig:
-    """guided-diffusion's classifier flags (``classifier_defaults()``; same names and defaults)."""
+class Classifier:
+    """A classifier ready to use (eval mode, CPU) and the config that describes it."""
 
-    image_size: int
-    """Side of the images (default: the diffusion model's)."""
-    in_channels: int = 3
-    """Image channels (default: the diffusion model's; guided-diffusion's are RGB)."""
-    num_classes: int = 1000
-    """Classifier outputs (default: the diffusion model's classes; guided-diffusion: 1000)."""
-    classifier_width: int = 128
-    classifier_depth: int = 2
-    classifier_attention_resolutions: str = "32,16,8"
-    classifier_use_scale_shift_norm: bool = True
-    classifier_resblock_updown: bool = True
-    classifier_pool: Literal["adaptive", "attention", "spatial", "spatial_v2"] = "attention"
-    classifier_use_fp16: bool = False
-    classifier_channel_mult: str = ""
-    """Empty: guided-diffusion's multipliers for 64/128/256/512 pixels (other sizes must set it)."""
-    classifier_num_head_channels: int = 64
-    """Channels per attention head (guided-diffusion fixes 64)."""
-
-    def __post_init__(self) -> None:
-        if not self.classifier_channel_mult and self.image_size not in _CHANNEL_MULT_BY_SIZE:
-            raise UserInputError(
-                f"classifier at image_size {self.image_size}: guided-diffusion defines channel "
-                f"multipliers for {sorted(_CHANNEL_MULT_BY_SIZE)} only; add "
-                f"--classifier_channel_mult (e.g. 1,2,2) to --classifier-flags"
-            )
-
-    def channel_mult(self) -> tuple[float, ...]:
-        text = self.classifier_channel_mult or _CHANNEL_MULT_BY_SIZE[self.image_size]
-        return tuple(float(m) if "." in m else int(m) for m in text.split(","))
-
-    def attention_downsample_rates(self) -> tuple[int, ...]:
-        """Resolutions -> downsample rates, as create_classifier does (``image_size // res``)."""
-        resolutions = [r for r in self.classifier_attention_resolutions.split(",") if r.strip()]
-        return tuple(self.image_size // int(r) for r in resolutions)
+    network: torch.nn.Module
+    config: ExperimentConfig
 
 
 def classifier_config_from_flags(
-    flags: dict[str, str], *, image_size: int, in_channels: int, num_classes: int
-) -> ClassifierConfig:
-    """The classifier's config from its flags; unset sizes follow the diffusion model's."""
-    data: dict[str, Any] = {
-        "image_size": image_size,
-        "in_channels": in_channels,
-        "num_classes": num_classes,
-    }
-    data.update(flags)
-    return from_dict(ClassifierConfig, data, path="--classifier-flags")
+    flags: dict[str, str], *, model_config: ExperimentConfig
+) -> ExperimentConfig:
+    """A published classifier's config: guided-diffusion's ``classifier_*`` flags; its images and
+    classes are those of the diffusion model of ``model_config`` unless the flags give
+    ``image_size`` / ``in_channels`` / ``num_classes``."""
+    data = to_dict(model_config)
+    data["train"] = {**data["train"], "task": "classifier"}
+    data["model"] = {**data["model"], "class_cond": True}
+    data["classifier"], data["evaluation"] = {}, {}
+    # The data fields that follow the model section follow the classifier's.
+    data["data"] = {k: v for k, v in data["data"].items() if k not in DATA_FIELDS_DERIVED}
+    for name, value in flags.items():
+        data["model" if name in MODEL_FLAGS else "classifier"][name] = value
+    return from_dict(ExperimentConfig, data)
 
 
-def create_classifier(config: ClassifierConfig) -> EncoderUNetModel:
-    """guided-diffusion's ``create_classifier`` from typed flags."""
-    return EncoderUNetModel(
-        image_size=config.image_size,
-        in_channels=config.in_channels,
-        model_channels=config.classifier_width,
-        out_channels=config.num_classes,
-        num_res_blocks=config.classifier_depth,
-        attention_resolutions=config.attention_downsample_rates(),
-        channel_mult=config.channel_mult(),
-        use_fp16=config.classifier_use_fp16,
-        num_head_channels=config.classifier_num_head_channels,
-        use_scale_shift_norm=config.classifier_use_scale_shift_norm,
-        resblock_updown=config.classifier_resblock_updown,
-        pool=config.classifier_pool,
-    )
+def load_classifier(
+    path: str | Path | RemotePath, *, flags: dict[str, str] | None = None, model_config: Any = None
+) -> Classifier:
+    """The classifier at ``path``: a raydiff classifier checkpoint folder (its config.json
+    describes it; ``flags`` must be None), or a published state dict described by ``flags`` (for
+    the images and classes of ``model_config``'s model). A checkpoint of a diffusion model, or
+    flags that do not match the file's keys, is a one-line error."""
+    from raydiff.sample.load import load_sampling_model
 
-
-def load_classifier(path: str | Path, config: ClassifierConfig) -> EncoderUNetModel:
-    """The classifier at ``path`` (a guided-diffusion state dict), in eval mode on the CPU.
-    Flags that do not match the file's keys are a one-line error listing the differences."""
-    path = Path(path)
-    if not path.is_file():
+    location = as_location(path)
+    if isinstance(location, RemotePath) or Path(location).is_dir():
+        if flags:
+            raise UserInputError(
+                f"--classifier {path} is a raydiff checkpoint: its config.json describes the "
+                f"classifier (--classifier-flags are for published .pt files)"
+            )
+        loaded = load_sampling_model(location, task="classifier")
+        return Classifier(network=loaded.model, config=loaded.config)
+    file = Path(location)
+    if not file.is_file():
         raise FileNotFoundError(f"--classifier {str(path)!r} does not exist")
-    classifier = create_classifier(config)
-    load_model_weights(classifier, path)
-    return classifier.eval()
+    if model_config is None:
+        raise UserInputError(
+            f"--classifier {path} is a published state dict: it needs the diffusion model's "
+            f"config and its --classifier-flags"
+        )
+    config = classifier_config_from_flags(flags or {}, model_config=model_config)
+    network = create_classifier(config)
+    load_model_weights(network, file)
+    return Classifier(network=network.eval(), config=config)
+
+
+def check_guides(classifier: ExperimentConfig, model: ExperimentConfig, *, name: str) -> None:
+    """Refuse a classifier that cannot guide ``model``: other images, other diffusion steps, or
+    other classes than a class-conditional model's."""
+    c, m = classifier.model, model.model
+    if (c.image_size, c.in_channels) != (m.image_size, m.in_channels):
+        raise UserInputError(
+            f"{name} classifies {c.image_size}x{c.image_size}x{c.in_channels} images, the model "
+            f"draws {m.image_size}x{m.image_size}x{m.in_channels}: they must agree"
+        )
+    if m.class_cond and c.num_classes != m.num_classes:
+        raise UserInputError(
+            f"{name} has {c.num_classes} classes, the model {m.num_classes}: they must agree"
+        )
+    if classifier.diffusion.diffusion_steps != model.diffusion.diffusion_steps:
+        raise UserInputError(
+            f"{name} was trained on T={classifier.diffusion.diffusion_steps} diffusion steps, "
+            f"the model on T={model.diffusion.diffusion_steps}: its timesteps would not match"
+        )
 
 
 CondFn = Callable[..., torch.Tensor]

@@ -12,7 +12,7 @@ import torch
 
 from raydiff.config import ExperimentConfig, config_from_flags, from_dict, load_config
 from raydiff.errors import UserInputError
-from raydiff.factory import create_model
+from raydiff.factory import create_classifier, create_model
 from raydiff.storage import RemotePath, as_location, local_copy
 from raydiff.train.checkpoint import load_model_weights, require_checkpoint_dir
 
@@ -62,8 +62,12 @@ def load_sampling_model(
     weights: str | None = None,
     model_flags: str | None = None,
     config_file: str | None = None,
+    task: str = "diffusion",
 ) -> SamplingModel:
     """The model at ``path``, in eval mode on the CPU.
+
+    ``task``: what the checkpoint must have trained (``train.task``): the diffusion model, or a
+    classifier (whose network is then the model); a checkpoint of another task is refused.
 
     ``path``: a raydiff ``checkpoint_NNNNNN`` folder (its ``config.json`` describes the model;
     ``weights`` picks ``model`` or ``ema_RATE``, default: the config's first EMA rate), or a
@@ -77,7 +81,11 @@ def load_sampling_model(
         with local_copy(location) as local:
             try:
                 return load_sampling_model(
-                    local, weights=weights, model_flags=model_flags, config_file=config_file
+                    local,
+                    weights=weights,
+                    model_flags=model_flags,
+                    config_file=config_file,
+                    task=task,
                 )
             except UserInputError as error:  # name the URI, not the temporary download
                 message = str(error)
@@ -93,22 +101,37 @@ def load_sampling_model(
                 f"{path} is a raydiff checkpoint: its config.json describes the model "
                 f"(--model-flags / --config are for published .pt files)"
             )
-        config, file = _checkpoint_weights(path, weights)
+        config, file = _checkpoint_weights(path, weights, task)
     else:
         config, file = _published_weights(path, weights, model_flags, config_file)
-    model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
+    if task == "classifier":
+        model = create_classifier(config)
+    else:
+        model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
     load_model_weights(model, file)
     return SamplingModel(model=model.eval(), config=config, weights=file)
 
 
-def _checkpoint_weights(path: Path, weights: str | None) -> tuple[ExperimentConfig, Path]:
+def _checkpoint_weights(
+    path: Path, weights: str | None, task: str
+) -> tuple[ExperimentConfig, Path]:
     """A raydiff checkpoint's config and the file of ``weights`` (default: its first EMA)."""
     checkpoint = require_checkpoint_dir(path)
     config = from_dict(ExperimentConfig, json.loads((checkpoint / "config.json").read_text()))
+    if config.train.task != task:
+        raise UserInputError(
+            f"{checkpoint} is a checkpoint of train.task={config.train.task!r}, not of a "
+            f"{task} model"
+            + (
+                f" (a classifier guides sampling: raydiff sample --classifier {checkpoint})"
+                if task == "diffusion"
+                else ""
+            )
+        )
     choices = {"model": checkpoint / "model.pt", **ema_files(checkpoint)}
     if weights is None:
-        first_rate = config.optim.ema_rates()[0]
-        weights = f"ema_{first_rate}" if f"ema_{first_rate}" in choices else "model"
+        rates = config.optim.ema_rates()
+        weights = f"ema_{rates[0]}" if rates and f"ema_{rates[0]}" in choices else "model"
     if weights not in choices:
         raise UserInputError(
             f"--weights {weights}: {checkpoint} has no such weights; valid: {', '.join(choices)}"

@@ -95,14 +95,16 @@ class SampleOptions(ModelSource):
     classifier: str | None = flag(
         "--classifier",
         default=None,
-        help="classifier guidance: a guided-diffusion classifier .pt (noisy-image classifier)",
+        help="classifier guidance: a noisy classifier, a `raydiff train-classifier` checkpoint "
+        "folder (RUN/checkpoint_N) or a published guided-diffusion classifier .pt",
     )
     classifier_flags: str | None = flag(
         "--classifier-flags",
         default=None,
-        help="its flags in guided-diffusion's syntax, e.g. '--classifier_width 128 "
-        "--classifier_depth 2 --classifier_attention_resolutions 32,16,8' (default: "
-        "guided-diffusion's defaults; image size and classes follow the model)",
+        help="a published classifier's flags in guided-diffusion's syntax, e.g. "
+        "'--classifier_width 128 --classifier_depth 2 --classifier_attention_resolutions "
+        "32,16,8' (default: guided-diffusion's defaults; image size and classes follow the "
+        "model)",
     )
     classifier_scale: float = flag(
         "--classifier-scale",

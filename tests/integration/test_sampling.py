@@ -69,3 +69,79 @@ def test_samples_are_the_same_on_one_and_two_workers(ray_cluster, checkpoint, tm
     assert labels1.dtype == np.int64 and set(labels1) <= set(range(1000))  # NUM_CLASSES
     assert len(list((tmp_path / "out2" / "images").glob("sample_*.png"))) == 10
     assert two.grid.is_file() and two.samples_per_s > 0
+
+
+def test_a_trained_classifier_guides_the_same_on_one_and_two_workers(
+    ray_cluster, tiny_dataset, tmp_path
+):
+    """``raydiff train-classifier``'s run on 2 Ray Train workers (labels through Ray Data,
+    validation accuracy on the val split), then its checkpoint guides an unconditional model:
+    the same images and labels on 1 and 2 sampling workers, and not those of unguided
+    sampling."""
+    from tiny_model import tiny_classifier
+
+    from raydiff.config import ExperimentConfig, apply_overrides
+    from raydiff.orchestrate.sampling import run_sampling
+    from raydiff.orchestrate.trainer import run_training_job
+    from raydiff.sample.options import SampleOptions
+
+    config = apply_overrides(
+        ExperimentConfig(),
+        [
+            *tiny_classifier(image_size=16),
+            "diffusion.diffusion_steps=50",
+            "train.batch_size=8",
+            "train.max_steps=4",
+            "train.log_interval=2",
+            "train.save_interval=4",
+            "train.eval_num_images=16",
+            "scaling.num_workers=2",
+            "scaling.cpus_per_worker=0.5",
+            f"data.data_dir={tiny_dataset.path}",
+        ],
+    )
+    result = run_training_job(config, output_dir=tmp_path / "classifier")
+    assert result["step"] == 4 and 0 <= result["val_acc@1"] <= result["val_acc@5"] <= 1
+    assert {"acc@1", "acc@1_q0", "val_acc@1_t0", "val_loss"} <= set(result)
+    classifier = tmp_path / "classifier" / "checkpoint_000004"
+
+    model = config_from_flags(
+        parse_model_flags(
+            "--image_size 16 --in_channels 1 --num_channels 32 --channel_mult 1,2 "
+            "--num_res_blocks 1 --attention_resolutions '' --diffusion_steps 50"
+        )
+    )
+    torch.manual_seed(0)
+    net = create_model(model.model, learn_sigma=False)
+    state = net.state_dict()
+    unconditional = save_checkpoint(
+        tmp_path / "model",
+        1,
+        model_state=state,
+        ema_states={},
+        trainer_state={"step": 1},
+        config=to_dict(model),
+    )
+
+    def run(workers: int, scale: float):
+        options = SampleOptions(
+            checkpoint=str(unconditional),
+            num_samples=6,
+            out=str(tmp_path / f"out{workers}-{scale}"),
+            timestep_respacing="10",
+            batch_size=4,
+            num_workers=workers,
+            seed=3,
+            classifier=str(classifier),
+            classifier_scale=scale,
+        )
+        with np.load(run_sampling(options).npz) as data:
+            return data["arr_0"], data["arr_1"]
+
+    images1, labels1 = run(1, 20.0)
+    images2, labels2 = run(2, 20.0)
+    np.testing.assert_array_equal(images1, images2)
+    np.testing.assert_array_equal(labels1, labels2)
+    assert set(labels1) <= set(range(10))
+    unguided, _ = run(1, 0.0)
+    assert not np.array_equal(unguided, images1)

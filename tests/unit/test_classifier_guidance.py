@@ -8,17 +8,17 @@ import torch
 import torch.nn.functional as F
 from test_sample_generate import tiny_model  # tests/unit is on sys.path (pytest prepend mode)
 
-from raydiff.config import DiffusionConfig
+from raydiff.config import DiffusionConfig, ExperimentConfig, apply_overrides
 from raydiff.errors import UserInputError
-from raydiff.factory import create_gaussian_diffusion
+from raydiff.factory import create_classifier, create_gaussian_diffusion
 from raydiff.sample.classifier import (
+    check_guides,
     classifier_cond_fn,
     classifier_config_from_flags,
-    create_classifier,
     load_classifier,
 )
 from raydiff.sample.generate import generate
-from raydiff.sample.load import parse_model_flags
+from raydiff.sample.load import load_sampling_model, parse_model_flags
 
 pytestmark = pytest.mark.unit
 
@@ -27,11 +27,23 @@ FLAGS = (
     "--classifier_pool adaptive --classifier_channel_mult 1,2"
 )
 
+MODEL = apply_overrides(
+    ExperimentConfig(),
+    [
+        "model.image_size=8",
+        "model.in_channels=1",
+        "model.num_classes=4",
+        "model.num_channels=32",
+        "model.channel_mult=1,2",
+        "model.attention_resolutions=",
+        "diffusion.diffusion_steps=40",
+    ],
+)
+"""The (unconditional) diffusion model a published classifier's flags complete."""
+
 
 def tiny_classifier(flags: str = FLAGS):
-    config = classifier_config_from_flags(
-        parse_model_flags(flags), image_size=8, in_channels=1, num_classes=4
-    )
+    config = classifier_config_from_flags(parse_model_flags(flags), model_config=MODEL)
     torch.manual_seed(1)
     classifier = create_classifier(config)
     with torch.no_grad():  # the output conv starts at zero: give it weights
@@ -43,33 +55,70 @@ def tiny_classifier(flags: str = FLAGS):
 
 def test_flags_follow_guided_diffusion():
     config, classifier = tiny_classifier()
-    assert (config.image_size, config.in_channels, config.num_classes) == (8, 1, 4)
-    assert config.channel_mult() == (1, 2) and classifier.out_channels == 4
+    model = config.model
+    assert (model.image_size, model.in_channels, model.num_classes) == (8, 1, 4)
+    assert config.classifier.channel_mult(8) == (1, 2) and classifier.out_channels == 4
     # guided-diffusion's defaults at 64x64: its create_classifier's multipliers and attention.
-    default = classifier_config_from_flags({}, image_size=64, in_channels=3, num_classes=1000)
-    assert default.channel_mult() == (1, 2, 3, 4)
-    assert default.attention_downsample_rates() == (2, 4, 8)
-    assert default.classifier_pool == "attention" and default.classifier_width == 128
-    with pytest.raises(UserInputError, match="unknown --classifier-flags field"):
-        classifier_config_from_flags(
-            {"classifier_widht": "3"}, image_size=64, in_channels=3, num_classes=10
-        )
-    with pytest.raises(UserInputError, match="add --classifier_channel_mult"):
-        classifier_config_from_flags({}, image_size=8, in_channels=1, num_classes=4)
+    default = classifier_config_from_flags({}, model_config=ExperimentConfig())
+    assert default.classifier.channel_mult(64) == (1, 2, 3, 4)
+    assert default.classifier.attention_downsample_rates(64) == (2, 4, 8)
+    assert default.classifier.classifier_pool == "attention"
+    assert default.classifier.classifier_width == 128
+    with pytest.raises(UserInputError, match=r"unknown classifier field\(s\) \['classifier_widht'"):
+        classifier_config_from_flags({"classifier_widht": "3"}, model_config=MODEL)
+    with pytest.raises(UserInputError, match=r"classifier_channel_mult='' .* image_size 8"):
+        classifier_config_from_flags({"classifier_attention_resolutions": ""}, model_config=MODEL)
+    with pytest.raises(UserInputError, match=r"32 does not divide image_size 8"):
+        classifier_config_from_flags({"classifier_channel_mult": "1,2"}, model_config=MODEL)
 
 
 def test_a_classifier_file_loads_only_with_its_flags(tmp_path):
-    config, classifier = tiny_classifier()
+    _, classifier = tiny_classifier()
     path = tmp_path / "classifier.pt"
     torch.save(classifier.state_dict(), path)
-    loaded = load_classifier(path, config)
+    loaded = load_classifier(path, flags=parse_model_flags(FLAGS), model_config=MODEL)
     x, t = torch.randn(2, 1, 8, 8), torch.tensor([3, 5])
-    torch.testing.assert_close(loaded(x, t), classifier(x, t))
-    wider, _ = tiny_classifier(FLAGS.replace("--classifier_width 32", "--classifier_width 64"))
+    torch.testing.assert_close(loaded.network(x, t), classifier(x, t))
+    wider = parse_model_flags(FLAGS.replace("--classifier_width 32", "--classifier_width 64"))
     with pytest.raises(UserInputError, match="does not match"):
-        load_classifier(path, wider)
+        load_classifier(path, flags=wider, model_config=MODEL)
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_classifier(tmp_path / "nope.pt", config)
+        load_classifier(tmp_path / "nope.pt", flags=parse_model_flags(FLAGS), model_config=MODEL)
+
+
+def test_a_classifier_checkpoint_guides_only_a_model_it_fits(tmp_path):
+    """A raydiff classifier checkpoint loads from its config.json; a diffusion checkpoint is not
+    a classifier (and a classifier is not a diffusion model); other images, classes or
+    diffusion steps are refused in one line."""
+    from raydiff.config import to_dict
+    from raydiff.train.checkpoint import save_checkpoint
+
+    config, classifier = tiny_classifier()
+    folder = save_checkpoint(
+        tmp_path,
+        10,
+        model_state=classifier.state_dict(),
+        ema_states={},
+        trainer_state={"step": 10},
+        config=to_dict(config),
+    )
+    loaded = load_classifier(folder)
+    x, t = torch.randn(2, 1, 8, 8), torch.tensor([3, 5])
+    torch.testing.assert_close(loaded.network(x, t), classifier(x, t))
+    with pytest.raises(UserInputError, match=r"its config\.json describes the classifier"):
+        load_classifier(folder, flags={"classifier_depth": "2"})
+    with pytest.raises(UserInputError, match=r"train\.task=.classifier., not of a diffusion model"):
+        load_sampling_model(folder)
+    check_guides(loaded.config, MODEL, name="--classifier C")
+    other = apply_overrides(MODEL, ["model.image_size=16"])
+    with pytest.raises(UserInputError, match=r"classifies 8x8x1 images, the model draws 16x16x1"):
+        check_guides(loaded.config, other, name="--classifier C")
+    cond = apply_overrides(MODEL, ["model.class_cond=true", "model.num_classes=10"])
+    with pytest.raises(UserInputError, match="C has 4 classes, the model 10"):
+        check_guides(loaded.config, cond, name="C")
+    longer = apply_overrides(MODEL, ["diffusion.diffusion_steps=100"])
+    with pytest.raises(UserInputError, match="T=40 diffusion steps, the model on T=100"):
+        check_guides(loaded.config, longer, name="C")
 
 
 def test_cond_fn_is_the_scaled_gradient_of_log_p_y_given_x():
