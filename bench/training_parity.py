@@ -44,9 +44,9 @@ Measured, per side and seed:
   (``--fd-steps`` steps, raydiff's sampler, the same noise for every model) of the final EMA
   weights and ``--fd-reference`` (default: the dataset's ``--fd-split``), in the features of
   the network in ``--features``, through ``raydiff.evaluate.fid.compute_fid``'s injected
-  ``extractor``. The file is a TorchScript module (``torch.jit.save``) taking uint8
-  ``[B, 3, H, W]`` and returning ``[B, D]``, e.g. a classifier's penultimate layer; this bench
-  does not provide one. A prepared dataset as reference caches its features in its folder.
+  ``extractor``: the penultimate features of a clean raydiff classifier checkpoint
+  (``raydiff train-classifier --config evaluator_demo``; the same extractor as ``raydiff
+  evaluate fid --features``). A prepared dataset as reference caches its features in its folder.
 
 Agreement rule, per metric (final_loss, val_bpd, fd, and every loss window): with ``m`` and
 ``s`` the mean and sample standard deviation over seeds of each side, the sides agree when
@@ -561,28 +561,11 @@ def evaluate(run: Run, ev: Evaluation, args: argparse.Namespace) -> dict[str, fl
 
 
 def load_feature_extractor(path: Path) -> torch.nn.Module:
-    """The ``--features`` network: a TorchScript module, after checking that ``compute_fid``
-    takes an injected extractor."""
-    import inspect
+    """The ``--features`` network: a clean raydiff classifier checkpoint's penultimate
+    features, as ``raydiff evaluate fid --features`` measures."""
+    from raydiff.evaluate.classifier_features import load_classifier_features
 
-    import torch
-
-    from raydiff.evaluate.fid import compute_fid
-
-    if "extractor" not in inspect.signature(compute_fid).parameters:
-        raise SystemExit(
-            "--features: raydiff.evaluate.fid.compute_fid takes no injected feature extractor "
-            "in this checkout; run without --features"
-        )
-    try:
-        extractor = torch.jit.load(str(path), map_location="cpu")
-    except (RuntimeError, ValueError, OSError) as error:
-        raise SystemExit(
-            f"--features {path}: not a TorchScript module ({type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}); save the feature network with "
-            "torch.jit.save(torch.jit.script(net), PATH)"
-        ) from error
-    return extractor.eval()
+    return load_classifier_features(path)
 
 
 def frechet_distance_of(
@@ -695,7 +678,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=None,
         metavar="CHECKPOINT",
-        help="TorchScript feature network (uint8 [B,3,H,W] -> [B,D]): also report FD",
+        help="a clean raydiff classifier checkpoint (evaluator_demo's): also report FD in its "
+        "features",
     )
     parser.add_argument("--fd-samples", type=int, default=1000, help="samples per model for FD")
     parser.add_argument("--fd-steps", type=int, default=50, help="DDIM steps of the FD samples")

@@ -1,7 +1,8 @@
-"""``raydiff evaluate bpd|fid`` (``python jobs/evaluate.py``): the full variational bound in
-bits/dim over a split, or FID/KID of samples. Their options are
-:class:`~raydiff.evaluate.options.BpdOptions`' and :class:`~raydiff.evaluate.options.FidOptions`'
-flags."""
+"""``raydiff evaluate bpd|fid|accuracy`` (``python jobs/evaluate.py``): the full variational
+bound in bits/dim over a split, FID/KID of samples (or the same in a classifier's features), or a
+clean classifier's accuracy on labelled samples. Their options are
+:class:`~raydiff.evaluate.options.BpdOptions`', :class:`~raydiff.evaluate.options.FidOptions`'
+and :class:`~raydiff.evaluate.options.AccuracyOptions`' flags."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import json
 
 from raydiff.cli.arguments import add_address_argument, add_options, options_from_args
 
-HELP = "evaluate a checkpoint: bits/dim over a split, FID/KID of samples"
+HELP = "evaluate a checkpoint: bits/dim over a split, FID/KID or accuracy of samples"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One sub-command per metric, with the flags of its options."""
-    from raydiff.evaluate.options import BpdOptions, FidOptions
+    from raydiff.evaluate.options import AccuracyOptions, BpdOptions, FidOptions
 
     metrics = parser.add_subparsers(dest="metric", required=True, metavar="METRIC")
     bpd = metrics.add_parser(
@@ -35,15 +36,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description="FID, KID and improved precision and recall (k = 3) between samples (a "
         "`raydiff sample` folder or npz, or an image folder) and a reference (a prepared "
         "dataset's split, an npz or an image folder), with the standard FID Inception network "
-        "(torch-fidelity's) read from a local weights file. A prepared dataset's reference "
-        "features are cached next to it.",
+        "(torch-fidelity's) read from a local weights file, or (--features) in the penultimate "
+        "features of a clean raydiff classifier. A prepared dataset's reference features are "
+        "cached next to it.",
     )
     add_options(fid, FidOptions)
+    accuracy = metrics.add_parser(
+        "accuracy",
+        help="a clean classifier's accuracy on labelled samples (or on a dataset split)",
+        description="The fraction of labelled images (a sample npz's arr_1, or a prepared "
+        "dataset's labels) that a clean raydiff classifier classifies as their label.",
+    )
+    add_options(accuracy, AccuracyOptions)
 
 
 def run(args: argparse.Namespace) -> int:
     """``raydiff evaluate bpd`` / ``fid``: compute, print the JSON, say where it went."""
-    return {"bpd": run_bpd, "fid": run_fid}[args.metric](args)
+    return {"bpd": run_bpd, "fid": run_fid, "accuracy": run_accuracy}[args.metric](args)
 
 
 def run_bpd(args: argparse.Namespace) -> int:
@@ -76,4 +85,19 @@ def run_fid(args: argparse.Namespace) -> int:
     print(f"results: {result.json_path}")
     if result.tensorboard_run is not None:
         print(f"tensorboard: tensorboard --logdir {result.tensorboard_run / 'tensorboard'}")
+    return 0
+
+
+def run_accuracy(args: argparse.Namespace) -> int:
+    """The evaluator's accuracy in this process; the summary, printed."""
+    from raydiff.evaluate.accuracy import run_accuracy as evaluate_accuracy
+    from raydiff.evaluate.options import AccuracyOptions
+
+    options = options_from_args(AccuracyOptions, args)
+    result = evaluate_accuracy(
+        **{f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+    )
+    print(json.dumps(result.summary, indent=2))
+    print(f"accuracy {result.summary['accuracy']:.4f} on {result.summary['num_images']} images")
+    print(f"results: {result.json_path}")
     return 0

@@ -192,12 +192,15 @@ class AttentionPool2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W] -> [B, output_dim]``."""
+        # Only the pooled (mean) token is returned, so project just that one.
+        return F.linear(self.pooled(x), self.c_proj.weight.squeeze(-1), self.c_proj.bias)
+
+    def pooled(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W] -> [B, C]``: the attended mean token, before the output projection."""
         batch, channels = x.shape[:2]
         x = x.reshape(batch, channels, -1)  # [B, C, HW]
         x = torch.cat([x.mean(dim=-1, keepdim=True), x], dim=-1)  # [B, C, HW + 1]
         x = x + self.positional_embedding[None].to(x.dtype)
         tokens = x.transpose(1, 2)  # [B, HW + 1, C]
         qkv = F.linear(tokens, self.qkv_proj.weight.squeeze(-1), self.qkv_proj.bias)
-        h = qkv_attention(qkv, self.num_heads, new_order=True)  # [B, HW + 1, C]
-        # Only the pooled (mean) token is returned, so project just that one.
-        return F.linear(h[:, 0], self.c_proj.weight.squeeze(-1), self.c_proj.bias)  # [B, out]
+        return qkv_attention(qkv, self.num_heads, new_order=True)[:, 0]  # [B, C]

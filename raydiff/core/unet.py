@@ -837,6 +837,21 @@ class EncoderUNetModel(_EncoderTrunk):
 
     def forward(self, x: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
         """``x: [B, C, H, W]``, ``timesteps: [B]`` -> logits ``[B, out_channels]``."""
+        return self.out(self._torso(x, timesteps))  # [B, out_channels]
+
+    def features(self, x: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        """The penultimate features ``[B, D]``: what the head's last linear map turns into the
+        logits (the pooled vector; for the spatial heads, the 2048-d hidden layer)."""
+        h = self._torso(x, timesteps)
+        if self.pool == "attention":
+            return self.out[2].pooled(self.out[:2](h))
+        if self.pool == "adaptive":
+            return self.out[:3](h).flatten(1)
+        return self.out[:-1](h)
+
+    def _torso(self, x: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        """The encoder's output in ``x``'s dtype: ``[B, C, h, w]``, or for the spatial heads the
+        per-level spatial means concatenated, ``[B, sum C_level]``."""
         emb = self._embed(timesteps)
         spatial_pool = self.pool.startswith("spatial")
         spatial_dims = tuple(range(2, x.dim()))
@@ -849,5 +864,5 @@ class EncoderUNetModel(_EncoderTrunk):
         h = self.middle_block(h, emb)
         if spatial_pool:
             means.append(h.to(x.dtype).mean(dim=spatial_dims))
-            return self.out(torch.cat(means, dim=-1))  # [B, out_channels]
-        return self.out(h.to(x.dtype))  # [B, out_channels]
+            return torch.cat(means, dim=-1)
+        return h.to(x.dtype)

@@ -155,8 +155,8 @@ def compute_fid(
         precision, recall = precision_recall(sample_features, ref_features)
     values = (fid, *kid, precision, recall, len(sample_features), len(ref_features))
     logger.info(
-        "FID %.4f, KID %.5f +- %.5f, precision/recall %s (%d samples, %d reference images, "
-        "%.1f s)", fid, *kid, "-" if precision is None else f"{precision:.3f}/{recall:.3f}",
+        "%s %.4f, KID %.5f +- %.5f, precision/recall %s (%d samples, %d reference images, "
+        "%.1f s)", getattr(extractor, "distance_name", "FID"), fid, *kid, "-" if precision is None else f"{precision:.3f}/{recall:.3f}",
         len(sample_features), len(ref_features), time.perf_counter() - started,
     )  # fmt: skip
     return dict(zip(RESULT_KEYS, values, strict=True))

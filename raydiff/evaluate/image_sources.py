@@ -48,6 +48,40 @@ def load_images(source: str | Path, *, split: str = "test", limit: int | None = 
     raise UserInputError(f"{path} is not an .npz file or a folder; expected {SOURCE_KINDS}")
 
 
+def load_labelled_images(
+    source: str | Path, *, split: str = "test", limit: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Images of ``source`` (as :func:`load_images`) and their int64 class labels: a sample
+    ``.npz``'s ``arr_1`` (``raydiff sample`` writes the classes of class-conditional and guided
+    samples there), or a prepared dataset's labels. Sources without labels are refused."""
+    text = str(source)
+    path = Path(text.removeprefix("file://")).expanduser()
+    if is_remote(text) or (path / MANIFEST_NAME).is_file():
+        uri = text if is_remote(text) else str(path)
+        images, labels = read_split_pixels(load_manifest(uri), split, limit=limit)
+        if (labels < 0).any():
+            raise UserInputError(f"{source}: split {split!r} has no labels")
+        return images, labels.astype(np.int64)
+    images = load_images(source, split=split, limit=limit)
+    if path.suffix.lower() != ".npz":
+        raise UserInputError(
+            f"{source} has no labels: give a sample .npz with arr_1 (the samples of a "
+            "class-conditional or classifier-guided model) or a prepared dataset with labels"
+        )
+    with np.load(path, allow_pickle=False) as archive:
+        if "arr_1" not in archive.files:
+            raise UserInputError(
+                f"{path} has no arr_1 (labels): its samples are unconditional and unguided"
+            )
+        labels = archive["arr_1"][:limit]
+    if labels.shape != (len(images),) or not np.issubdtype(labels.dtype, np.integer):
+        raise UserInputError(
+            f"{path}: arr_1 is {labels.dtype} {list(labels.shape)}; expected one integer label "
+            f"per image of arr_0 ({len(images)})"
+        )
+    return images, labels.astype(np.int64)
+
+
 def _npz_images(path: Path, *, limit: int | None) -> np.ndarray:
     try:
         archive = np.load(path, allow_pickle=False)

@@ -112,9 +112,51 @@ class FidOptions:
     out: str | None = flag(
         "--out", default=None, help="results JSON, a path or a URI (default: beside the samples)"
     )
+    features: str | None = flag(
+        "--features",
+        default=None,
+        help="measure in the penultimate features of a clean raydiff classifier (a `raydiff "
+        "train-classifier` checkpoint, e.g. of evaluator_demo) instead of Inception's: the "
+        "results are named fd_classifier, kd_classifier_mean, ... (not FID)",
+    )
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise _invalid(self, "batch_size", "must be >= 1")
+        if self.features is not None and self.inception is not None:
+            raise _invalid(
+                self, "features", "measures in a classifier's features: drop --inception"
+            )
+        if self.num_images is not None and self.num_images < 1:
+            raise _invalid(self, "num_images", "must be >= 1 (or leave it out for all images)")
+
+
+@dataclass(kw_only=True)
+class AccuracyOptions:
+    """What ``raydiff evaluate accuracy`` was asked for; its fields are ``run_accuracy``'s
+    arguments."""
+
+    section: ClassVar[str] = "accuracy"
+    """What a ``ConfigError`` of these options names as its section."""
+
+    samples: str = flag(
+        "--samples",
+        help="labelled images: a `raydiff sample --out` folder or npz with arr_1 (a "
+        "class-conditional or guided model's), or a prepared dataset (its --split)",
+    )
+    classifier: str = flag(
+        "--classifier",
+        help="the evaluator: a clean `raydiff train-classifier` checkpoint (e.g. of "
+        "evaluator_demo), never the classifier that guided the samples",
+    )
+    split: str = flag(
+        "--split", default="test", help="a prepared dataset's split (default: %(default)s)"
+    )
+    num_images: int | None = flag("--num-images", default=None, help="use the first N images only")
+    out: str | None = flag(
+        "--out", default=None, help="results JSON, a path or a URI (default: beside the samples)"
+    )
+
+    def __post_init__(self) -> None:
         if self.num_images is not None and self.num_images < 1:
             raise _invalid(self, "num_images", "must be >= 1 (or leave it out for all images)")

@@ -28,6 +28,16 @@ TENSORBOARD_SCALARS = {
 }
 """The run's ``eval/NAME_SPLIT`` scalars, by the result key each holds."""
 
+CLASSIFIER_NAMES = {
+    "fid": "fd_classifier",
+    "kid_mean": "kd_classifier_mean",
+    "kid_std": "kd_classifier_std",
+    "precision": "precision_classifier",
+    "recall": "recall_classifier",
+}
+"""The result keys in a classifier's features (``--features``): a Fréchet distance there is not
+FID, and is never called so."""
+
 
 @dataclass(kw_only=True)
 class FidResult:
@@ -48,45 +58,74 @@ def run_fid(
     num_images: int | None = None,
     batch_size: int = 64,
     out: str | None = None,
+    features: str | None = None,
 ) -> FidResult:
     """FID, KID, precision and recall of ``samples`` against ``reference`` (default: the
-    samples' run's dataset), written to ``fid_SPLIT.json`` beside the samples (or ``out``)."""
-    location, folder = _samples_location(samples)
-    record_file = folder / SAMPLING_RECORD
-    record = json.loads(record_file.read_text()) if record_file.is_file() else {}
+    samples' run's dataset), written to ``fid_SPLIT.json`` beside the samples (or ``out``).
+
+    ``features``: a clean raydiff classifier checkpoint whose penultimate features replace
+    Inception's; the results are then ``fd_classifier``, ``kd_classifier_mean``, ...
+    (:data:`CLASSIFIER_NAMES`) in ``fd_classifier_SPLIT.json``."""
+    location, folder = samples_location(samples)
+    record = read_sampling_record(folder)
     run = run_checkpoint(record["checkpoint"]) if record.get("checkpoint") else None
     if reference is None:
         reference = _default_reference(run)
+    extractor, names = None, {key: key for key in CLASSIFIER_NAMES}
+    if features is not None:
+        from raydiff.evaluate.classifier_features import load_classifier_features
+
+        check_not_the_guide(features, record, flag="--features")
+        extractor, names = load_classifier_features(features), CLASSIFIER_NAMES
     with local_copy(location) as local_samples:
-        result = compute_fid(
+        computed = compute_fid(
             samples=local_samples,
             reference=reference,
             split=split,
             inception=inception,
             num_images=num_images,
             batch_size=batch_size,
+            extractor=extractor,
             progress=True,
         )
+    result = {names.get(key, key): value for key, value in computed.items()}
     summary = {**result, "samples": str(location), "reference": str(reference), "split": split}
+    if features is not None:
+        summary["features"] = str(features)
     if record.get("checkpoint"):
         summary["checkpoint"] = record["checkpoint"]
-    json_path = write_json(resolve_location(out) if out else folder / f"fid_{split}.json", summary)
+    default_name = f"{names['fid']}_{split}.json"
+    json_path = write_json(resolve_location(out) if out else folder / default_name, summary)
     if run is not None:
-        add_to_tensorboard(
-            run.run_dir,
-            step=run.step,
-            scalars={
-                f"{name}_{split}": result[key]
-                for name, key in TENSORBOARD_SCALARS.items()
-                if result[key] is not None  # precision/recall of 3 images or fewer
-            },
-        )
+        scalars = {}
+        for name, key in TENSORBOARD_SCALARS.items():
+            value = result[names[key]]
+            if value is not None:  # precision/recall of 3 images or fewer
+                scalars[f"{names[key] if features else name}_{split}"] = value
+        add_to_tensorboard(run.run_dir, step=run.step, scalars=scalars)
     return FidResult(
         summary=summary, json_path=json_path, tensorboard_run=run.run_dir if run else None
     )
 
 
-def _samples_location(samples: str) -> tuple[Path | RemotePath, Path | RemotePath]:
+def read_sampling_record(folder: Path | RemotePath) -> dict[str, Any]:
+    """The ``raydiff sample`` options beside the samples ({} for samples from elsewhere)."""
+    record_file = folder / SAMPLING_RECORD
+    return json.loads(record_file.read_text()) if record_file.is_file() else {}
+
+
+def check_not_the_guide(evaluator: str, record: dict[str, Any], *, flag: str) -> None:
+    """Refuse to evaluate samples with the classifier that guided them: they are made to fool
+    it."""
+    guide = record.get("classifier")
+    if guide and str(resolve_location(evaluator)) == guide:
+        raise UserInputError(
+            f"{flag} {evaluator} is the classifier that guided these samples: evaluate them "
+            "with another, clean one (raydiff train-classifier --config evaluator_demo)"
+        )
+
+
+def samples_location(samples: str) -> tuple[Path | RemotePath, Path | RemotePath]:
     """(the samples file or folder to read, the folder they sit in). A ``raydiff sample --out``
     folder stands for its npz (its PNGs hold the same pixels)."""
     location = resolve_location(samples)

@@ -49,6 +49,17 @@ REPORTED: dict[str, tuple[str, str]] = {
 """Which keys of the loop's report become gauges. Absent keys leave their gauge as it was (an
 evaluation-only report carries ``step`` and ``val_*`` only)."""
 
+CLASSIFIER_REPORTED: dict[str, tuple[str, str]] = {
+    "acc@1": ("accuracy_top1", "Classifier: top-1 accuracy on the training batches (x_t)"),
+    "acc@5": ("accuracy_top5", "Classifier: top-5 accuracy on the training batches (x_t)"),
+    "val_loss": ("val_loss", "Classifier: validation cross-entropy"),
+    "val_acc@1": ("val_accuracy_top1", "Classifier: validation top-1 accuracy (x_t)"),
+    "val_acc@5": ("val_accuracy_top5", "Classifier: validation top-5 accuracy (x_t)"),
+    "val_acc@1_t0": ("val_accuracy_top1_t0", "Classifier: validation top-1 accuracy at t = 0"),
+}
+"""The figures only a classifier (``train.task=classifier``) reports, as gauges too."""
+REPORTED.update(CLASSIFIER_REPORTED)
+
 SAMPLER: dict[str, str] = {
     "sampler_weight_min": "Loss-aware timestep sampler: smallest p_t * T (1 = uniform)",
     "sampler_weight_max": "Loss-aware timestep sampler: largest p_t * T (1 = uniform)",

@@ -86,6 +86,8 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
     record = {
         **dataclasses.asdict(options),
         "checkpoint": str(resolve_location(options.checkpoint)),
+        # Resolved, so an evaluator can be told from the network that guided the samples.
+        "classifier": str(resolve_location(options.classifier)) if options.classifier else None,
     }
     npz = write_sampling_outputs(samples, out, labels=labels, record=record)
     return SampleResult(

@@ -53,9 +53,19 @@ SearchAlgorithm = Literal["random", "optuna"]
 SchedulerName = Literal["asha", "none"]
 Mode = Literal["min", "max"]
 
-OBJECTIVES = ("val_bpd", "val_mse", "loss", "mse", "vb")
-"""Metrics the training loop reports that a sweep can optimise: validation bits/dim and MSE
-(every ``eval_interval`` steps), and the training loss terms (every ``log_interval`` steps)."""
+OBJECTIVES_BY_TASK = {
+    "diffusion": ("val_bpd", "val_mse", "loss", "mse", "vb"),
+    "classifier": (
+        *("val_acc@1", "val_acc@5", "val_loss", "val_acc@1_t0", "val_acc@5_t0"),
+        *("loss", "acc@1", "acc@5"),
+    ),
+}
+"""Metrics the training loop reports that a sweep can optimise, per ``train.task``: the
+validation figures (every ``eval_interval`` steps) and the training terms (every
+``log_interval`` steps)."""
+
+OBJECTIVES = tuple(dict.fromkeys(m for task in OBJECTIVES_BY_TASK.values() for m in task))
+"""Every metric some task reports."""
 
 MAX_CHECKED_TRIALS = 4096
 """Combinations checked before a sweep starts; larger spaces are checked one field at a time."""
@@ -124,7 +134,8 @@ class SweepConfig:
     search: SearchAlgorithm = "random"
     """``random`` (random and grid search) or ``optuna`` (Optuna's TPE)."""
     metric: str = "val_bpd"
-    """The objective: one of :data:`OBJECTIVES`."""
+    """The objective: one of :data:`OBJECTIVES_BY_TASK` for the base config's task (a
+    classifier's: ``val_acc@1`` with ``mode: max``)."""
     mode: Mode = "min"
     """Minimise or maximise the objective."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -346,6 +357,14 @@ def load_sweep(
     if manifest is not None:
         base_config = fit_to_data(
             base_config, manifest, keep_channels="model.in_channels" in set_fields
+        )
+    task_metrics = OBJECTIVES_BY_TASK[base_config.train.task]
+    if sweep.metric not in task_metrics:
+        raise _fail(
+            "metric",
+            sweep.metric,
+            f"the base config trains train.task={base_config.train.task!r}, which reports "
+            f"{', '.join(task_metrics)}",
         )
     loaded = LoadedSweep(
         sweep=sweep,

@@ -125,7 +125,10 @@ def test_every_option_of_every_command_is_a_field_of_its_options() -> None:
     evaluate = commands["evaluate"]._subparsers._group_actions[0].choices
     parsers.update({f"evaluate {name}": sub for name, sub in evaluate.items()})
     del parsers["evaluate"]
-    assert set(parsers) == {"prepare", "train", "sweep", "sample", "evaluate bpd", "evaluate fid"}
+    assert set(parsers) == {
+        *("prepare", "train", "train-classifier", "sweep", "sample"),
+        *("evaluate bpd", "evaluate fid", "evaluate accuracy"),
+    }
     for name, sub in parsers.items():
         options_type = sub.get_default("options_type")
         fields = {f.name: f for f in dataclasses.fields(options_type)}

@@ -162,3 +162,23 @@ def test_results_table_csv_and_best_config(tmp_path):
     best = write_best_config(rows[1], tmp_path / "best_config.yaml")
     config = load_config(str(best))
     assert config.optim.lr == 0.001 and config.train.seed == 5
+
+
+def test_a_classifier_config_is_a_sweep_base_with_its_own_metrics():
+    space = {"lr": {"loguniform": [1e-4, 1e-3]}, "classifier_depth": {"choice": [1, 2]}}
+    loaded = load_sweep(
+        {
+            "base": "classifier_demo",
+            "search_space": space,
+            "metric": "val_acc@1",
+            "mode": "max",
+        }
+    )
+    trial = loaded.trial_config(
+        {"optim.lr": 3e-4, "classifier.classifier_depth": 2}, trial_number=0
+    )
+    assert trial.train.task == "classifier" and trial.classifier.classifier_depth == 2
+    with pytest.raises(UserInputError, match=r"train\.task='classifier', which reports val_acc@1"):
+        load_sweep({"base": "classifier_demo", "search_space": space})  # val_bpd by default
+    with pytest.raises(UserInputError, match=r"train\.task='diffusion', which reports val_bpd"):
+        load_sweep(sweep(metric="val_acc@1", mode="max"))
