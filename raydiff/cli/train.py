@@ -108,12 +108,7 @@ def train(options: TrainOptions, *, address: str | None, task: str | None = None
     ``train.task`` the config must have (None: any)."""
     from raydiff.storage import resolve_location
 
-    config, manifest = checked_config(options)
-    if task is not None and config.train.task != task:
-        raise UserInputError(
-            f"--config {options.config} trains train.task={config.train.task!r}, not {task!r}: "
-            f"give a {task} config (or --set train.task={task})"
-        )
+    config, manifest = checked_config(options, task=task)
     output = resolve_location(options.output)  # an absolute local path, or a URI (s3://, gs://)
     if options.single_process:
         from raydiff.train.local import run_single_process
@@ -140,15 +135,24 @@ def train(options: TrainOptions, *, address: str | None, task: str | None = None
     return 0
 
 
-def checked_config(options: TrainOptions) -> tuple[ExperimentConfig, Manifest]:
+def checked_config(
+    options: TrainOptions, *, task: str | None = None
+) -> tuple[ExperimentConfig, Manifest]:
     """The run's config, fitted to its dataset, and the dataset's manifest (read once for the
     whole run). Everything the config decides is checked before any side effect: the embedded
-    dataset is prepared only for a config that passed."""
+    dataset is prepared only for a config that passed. ``task``: the ``train.task`` the config
+    must have (None: any)."""
     from raydiff.config import read_config
     from raydiff.train.preflight import config_for_data, existing_manifest, fit_to_data
 
     overrides = [*options.overrides, *set_by_flags(options)]
     data = read_config(options.config, overrides)
+    given_task = data.get("train", {}).get("task", "diffusion")
+    if task is not None and given_task != task:
+        raise UserInputError(
+            f"--config {options.config} trains train.task={given_task!r}, not {task!r}: "
+            f"give a {task} config (or --set train.task={task})"
+        )
     manifest = existing_manifest(data)  # the demo's is prepared below; any other refused there
     config = config_for_data(data, manifest)
     if options.single_process and config.evaluation.every_checkpoint:

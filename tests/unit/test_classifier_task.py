@@ -108,3 +108,16 @@ def test_classifier_config_derivation_and_refusals() -> None:
 def test_classifier_architecture_errors_name_classifier_fields() -> None:
     with pytest.raises(ConfigError, match=r"classifier\.classifier_width=48 is invalid: .*Group"):
         classifier_config("classifier.classifier_width=48")
+
+
+def test_train_classifier_refuses_a_config_of_another_task(tmp_path, capsys) -> None:
+    from raydiff.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train-classifier", "--config", "demo", "--output", str(out)]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error == (
+        "raydiff train-classifier: error: --config demo trains train.task='diffusion', not "
+        "'classifier': give a classifier config (or --set train.task=classifier)"
+    )
+    assert not out.exists()
