@@ -898,6 +898,33 @@ def fixture_fingerprints(w: FixtureWriter) -> None:
     w.put("fingerprint/weights", torch.cat([v.flatten() for v in sd.values()]))
 
 
+PUBLISHED_CLASSIFIERS = {"classifier_imagenet64": 64, "classifier_imagenet128": 128,
+                         "classifier_imagenet256": 256}  # fmt: skip
+"""raydiff's presets of guided-diffusion's published classifiers, and their image sizes."""
+
+
+def write_classifier_keys(out: Path) -> None:
+    """The state-dict keys and shapes of guided-diffusion's ``create_classifier`` with each
+    preset's flags (built on the meta device: nothing allocated), for
+    ``tests/unit/test_presets.py``: a published ``NxN_classifier.pt`` loads strictly into the
+    network of raydiff's preset exactly when the two lists agree."""
+    import yaml
+    from guided_diffusion.script_util import classifier_defaults, create_classifier
+
+    lines = ["# preset key shape: guided-diffusion's create_classifier with each preset's flags"]
+    for preset in PUBLISHED_CLASSIFIERS:
+        flags = yaml.safe_load(Path(f"configs/{preset}.yaml").read_text())["classifier"]
+        args = classifier_defaults()
+        args.update({k: v for k, v in flags.items() if k in args})
+        args["image_size"] = PUBLISHED_CLASSIFIERS[preset]
+        with torch.device("meta"):
+            network = create_classifier(**args)
+        for key, value in network.state_dict().items():
+            lines.append(f"{preset} {key} {','.join(map(str, value.shape))}")
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}: {len(lines) - 1} keys")
+
+
 def main() -> None:
     """Parse arguments, compute every fixture with the reference and write the npz."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -920,9 +947,19 @@ def main() -> None:
         help="recompute only the cases of these kinds (e.g. loss_second_moment) and keep the rest "
         "of the existing --out file byte for byte",
     )
+    parser.add_argument(
+        "--classifier-keys",
+        type=Path,
+        metavar="FILE",
+        help="only write the published classifiers' state-dict keys to FILE "
+        "(tests/unit/fixtures/published_classifier_keys.txt)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # single-threaded reductions: the most reproducible summation order
     ref, guided = import_reference(args.reference_root)
+    if args.classifier_keys:
+        write_classifier_keys(args.classifier_keys)
+        return
 
     w = FixtureWriter()
     make_inputs(w)

@@ -56,3 +56,24 @@ def test_shipped_sweeps_are_not_presets_but_load_as_sweeps(path):
         load_config(str(path))
     with pytest.raises(FileNotFoundError):
         load_config(path.stem)
+
+
+@pytest.mark.parametrize(
+    "preset", ["classifier_imagenet64", "classifier_imagenet128", "classifier_imagenet256"]
+)
+def test_published_classifier_presets_have_the_published_state_dict(preset):
+    """guided-diffusion's create_classifier with the preset's flags (its keys and shapes written
+    by bench/make_reference_fixtures.py --classifier-keys) and raydiff's network of the preset:
+    the same state dict, so the published NxN_classifier.pt loads strictly (65.4M, 42.6M and
+    54.1M parameters)."""
+    from raydiff.factory import create_classifier
+
+    fixture = Path(__file__).parent / "fixtures" / "published_classifier_keys.txt"
+    expected = {}
+    for line in fixture.read_text().splitlines():
+        name, key, shape = line.split() if not line.startswith("#") else ("", "", "")
+        if name == preset:
+            expected[key] = tuple(int(n) for n in shape.split(","))
+    with torch.device("meta"):
+        network = create_classifier(load_config(preset))
+    assert {k: tuple(v.shape) for k, v in network.state_dict().items()} == expected
