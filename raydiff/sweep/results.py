@@ -16,7 +16,8 @@ from raydiff.storage import RemotePath, as_location, write_text_atomically
 from raydiff.sweep.spec import Mode
 
 METRIC_COLUMNS = ("val_bpd", "val_mse", "loss")
-"""Final metrics every row shows (the objective is added when it is another one)."""
+"""Final metrics the rows show where some trial reported them (the objective is always shown,
+first)."""
 
 
 @dataclass(kw_only=True)
@@ -72,7 +73,12 @@ def _finite(value: Any) -> bool:
 
 def _columns(rows: Sequence[TrialRow], metric: str) -> tuple[list[str], list[str]]:
     keys = list(dict.fromkeys(k for r in rows for k in r.values))
-    metrics = list(dict.fromkeys([metric, *METRIC_COLUMNS]))
+    # A classifier's trials report no val_bpd: only columns some trial has (and the objective).
+    metrics = [
+        m
+        for m in dict.fromkeys([metric, *METRIC_COLUMNS])
+        if m == metric or any(m in row.metrics for row in rows)
+    ]
     return keys, metrics
 
 

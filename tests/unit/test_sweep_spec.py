@@ -148,7 +148,10 @@ def test_results_table_csv_and_best_config(tmp_path):
     assert best_row(rows, metric="val_bpd", mode="max") is rows[2]
     table = format_table(rows, metric="val_bpd", mode="min")
     lines = table.splitlines()
-    assert lines[0].split() == ["trial", "lr", "val_bpd", "val_mse", "loss", "steps", "status"]
+    # Columns some trial reported (no val_mse here), the objective always and first.
+    assert lines[0].split() == ["trial", "lr", "val_bpd", "loss", "steps", "status"]
+    header = format_table(rows, metric="val_acc@1", mode="max").splitlines()[0].split()
+    assert header == ["trial", "lr", "val_acc@1", "val_bpd", "loss", "steps", "status"]
     assert lines[3].startswith("t0001 *") and "5.1" in lines[3]
     assert lines[-1] == "* best val_bpd (min): t0001_lr-0.001"
 
