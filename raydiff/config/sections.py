@@ -46,6 +46,36 @@ def parse_int_list(text: str, *, section: str, name: str) -> tuple[int, ...]:
         ) from None
 
 
+def channel_mult_of(
+    text: str,
+    *,
+    image_size: int,
+    table: dict[int, tuple[float, ...]],
+    section: str,
+    name: str,
+) -> tuple[float, ...]:
+    """Comma-separated multipliers (``"1,2,2"``), or ``table``'s entry for ``image_size`` when
+    ``text`` is empty; errors name ``section.name``."""
+    if text.strip():
+        try:
+            mult = tuple(float(m) for m in text.split(","))
+        except ValueError:
+            mult = ()
+        if not mult or any(m <= 0 for m in mult):
+            raise invalid(section, name, text, "expected positive numbers like '1,2,2,2'")
+        return tuple(int(m) if m == int(m) else m for m in mult)
+    if image_size not in table:
+        sizes = ", ".join(str(k) for k in table)
+        raise invalid(
+            section,
+            name,
+            text,
+            f"no default for image_size {image_size} (the table has {sizes}); set {name} "
+            "explicitly, e.g. '1,2,2'",
+        )
+    return table[image_size]
+
+
 @dataclass(kw_only=True)
 class ModelConfig:
     """The UNet (improved-/guided-diffusion's model flags)."""
@@ -136,26 +166,13 @@ class ModelConfig:
 
     def channel_mult_tuple(self) -> tuple[float, ...]:
         """The explicit channel_mult, or the image_size table's entry."""
-        if self.channel_mult.strip():
-            try:
-                mult = tuple(float(m) for m in self.channel_mult.split(","))
-            except ValueError:
-                raise invalid(
-                    "model", "channel_mult", self.channel_mult, "expected numbers like '1,2,2,2'"
-                ) from None
-            if any(m <= 0 for m in mult):
-                raise invalid("model", "channel_mult", self.channel_mult, "multipliers must be > 0")
-            return tuple(int(m) if m == int(m) else m for m in mult)
-        if self.image_size not in CHANNEL_MULT_BY_IMAGE_SIZE:
-            sizes = ", ".join(str(k) for k in CHANNEL_MULT_BY_IMAGE_SIZE)
-            raise invalid(
-                "model",
-                "channel_mult",
-                self.channel_mult,
-                f"no default for image_size {self.image_size} (the table has {sizes}); "
-                "set channel_mult explicitly, e.g. '1,2,2'",
-            )
-        return CHANNEL_MULT_BY_IMAGE_SIZE[self.image_size]
+        return channel_mult_of(
+            self.channel_mult,
+            image_size=self.image_size,
+            table=CHANNEL_MULT_BY_IMAGE_SIZE,
+            section="model",
+            name="channel_mult",
+        )
 
     def attention_resolution_tuple(self) -> tuple[int, ...]:
         """attention_resolutions as integers (pixels)."""
@@ -248,7 +265,7 @@ class ClassifierConfig:
             name="classifier_attention_resolutions",
         )
         if self.classifier_channel_mult.strip():
-            self._explicit_channel_mult()
+            self.channel_mult(image_size=0)  # the explicit multipliers parse
 
     def check_architecture(self, *, image_size: int, in_channels: int, num_classes: int) -> None:
         """The network's own checks (GroupNorm groups, heads, resolutions) for these images,
@@ -273,34 +290,16 @@ class ClassifierConfig:
                 raise invalid("model", model_field, err.value, err.reason) from None
             raise invalid("classifier", name, getattr(self, name), err.reason) from None
 
-    def _explicit_channel_mult(self) -> tuple[float, ...]:
-        try:
-            mult = tuple(float(m) for m in self.classifier_channel_mult.split(","))
-        except ValueError:
-            mult = ()
-        if not mult or any(m <= 0 for m in mult):
-            raise invalid(
-                "classifier",
-                "classifier_channel_mult",
-                self.classifier_channel_mult,
-                "expected positive numbers like '1,2,2'",
-            )
-        return tuple(int(m) if m == int(m) else m for m in mult)
-
     def channel_mult(self, image_size: int) -> tuple[float, ...]:
-        """The explicit multipliers, or guided-diffusion's for ``image_size``."""
-        if self.classifier_channel_mult.strip():
-            return self._explicit_channel_mult()
-        if image_size not in CLASSIFIER_CHANNEL_MULT_BY_IMAGE_SIZE:
-            sizes = ", ".join(str(k) for k in CLASSIFIER_CHANNEL_MULT_BY_IMAGE_SIZE)
-            raise invalid(
-                "classifier",
-                "classifier_channel_mult",
-                self.classifier_channel_mult,
-                f"guided-diffusion defines no multipliers for image_size {image_size} (only "
-                f"{sizes}): set it, e.g. '1,2,2'",
-            )
-        return CLASSIFIER_CHANNEL_MULT_BY_IMAGE_SIZE[image_size]
+        """The explicit multipliers, or guided-diffusion's for ``image_size`` (64, 128, 256,
+        512 pixels)."""
+        return channel_mult_of(
+            self.classifier_channel_mult,
+            image_size=image_size,
+            table=CLASSIFIER_CHANNEL_MULT_BY_IMAGE_SIZE,
+            section="classifier",
+            name="classifier_channel_mult",
+        )
 
     def attention_downsample_rates(self, image_size: int) -> tuple[int, ...]:
         """Attention resolutions as downsample rates (``image_size // res``, as guided-diffusion's

@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fashion_mnist_data import fashion_mnist_at
 from tiny_model import tiny_classifier, tiny_model
 
 from raydiff.config import ExperimentConfig, apply_overrides
-from raydiff.data.sources import FASHION_MNIST_DIR
 
 pytestmark = pytest.mark.dataset  # under CI its skip is an error (tests/conftest.py)
 
@@ -31,22 +31,8 @@ MIN_ACCURACY_GAIN = 0.12  # evaluator accuracy, guided minus unguided (0.12 -> 0
 
 @pytest.fixture(scope="module")
 def fashion_mnist_16px(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (Path(FASHION_MNIST_DIR) / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip(f"no Fashion-MNIST at {FASHION_MNIST_DIR}")
-    from raydiff.data import PrepareOptions, prepare_dataset
-
     out = tmp_path_factory.mktemp("classifier") / "fashion-mnist-16"
-    prepare_dataset(
-        PrepareOptions(
-            source="fashion-mnist",
-            out=str(out),
-            image_size=16,
-            limit=3000,
-            val_count=256,
-            num_workers=1,
-        )
-    )
-    return out
+    return fashion_mnist_at(out, image_size=16, limit=3000, val_count=256)
 
 
 def train(data_dir: Path, out: Path, *overrides: str) -> dict:

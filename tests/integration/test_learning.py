@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from fashion_mnist_data import fashion_mnist_at
 from tiny_model import tiny_model
 
 from raydiff.config import ExperimentConfig, apply_overrides
-from raydiff.data.sources import FASHION_MNIST_DIR
 
 pytestmark = pytest.mark.dataset  # under CI its skip is an error (tests/conftest.py)
 
@@ -37,22 +37,8 @@ SCALE_TOLERANCE = 0.25  # the run's val_bpd against the test's own scaling (0 wh
 
 @pytest.fixture(scope="module")
 def fashion_mnist_8px(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (Path(FASHION_MNIST_DIR) / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip(f"no Fashion-MNIST at {FASHION_MNIST_DIR}")
-    from raydiff.data import PrepareOptions, prepare_dataset
-
     out = tmp_path_factory.mktemp("learning") / "fashion-mnist-8"
-    prepare_dataset(
-        PrepareOptions(
-            source="fashion-mnist",
-            out=str(out),
-            image_size=8,
-            limit=600,
-            val_count=32,
-            num_workers=1,
-        )
-    )
-    return out
+    return fashion_mnist_at(out, image_size=8, limit=600, val_count=32)
 
 
 def val_images_in_unit_range(data_dir: Path, count: int) -> torch.Tensor:
