@@ -355,8 +355,10 @@ class DiffusionConfig:
 
     def __post_init__(self) -> None:
         s = "diffusion"
-        if self.diffusion_steps < 1:
-            raise invalid(s, "diffusion_steps", self.diffusion_steps, "must be a positive integer")
+        # A chain of one step has no posterior variance to extend (improved-diffusion's
+        # GaussianDiffusion indexes posterior_variance[1]): 2 steps at least, respaced too.
+        if self.diffusion_steps < 2:
+            raise invalid(s, "diffusion_steps", self.diffusion_steps, "must be >= 2")
         valid = get_args(NoiseSchedule)
         if self.noise_schedule not in valid:
             raise invalid(s, "noise_schedule", self.noise_schedule, f"valid: {', '.join(valid)}")
@@ -372,9 +374,13 @@ class DiffusionConfig:
             from raydiff.core.respace import space_timesteps  # pure torch/NumPy, no cycle at import
 
             try:
-                space_timesteps(self.diffusion_steps, self.timestep_respacing)
+                kept = space_timesteps(self.diffusion_steps, self.timestep_respacing)
             except ValueError as err:
                 raise invalid(s, "timestep_respacing", self.timestep_respacing, str(err)) from None
+            if len(kept) < 2:
+                raise invalid(
+                    s, "timestep_respacing", self.timestep_respacing, "must keep >= 2 steps"
+                )
 
 
 Precision = Literal["fp32", "fp16", "bf16", "auto"]
@@ -507,9 +513,11 @@ class TrainConfig:
         for name in ("sample_interval", "eval_interval"):
             if getattr(self, name) < 0:
                 raise invalid(s, name, getattr(self, name), "must be >= 0 (0: only at the end)")
-        for name in ("eval_num_images", "eval_timesteps", "sample_count", "sample_steps"):
+        for name in ("eval_num_images", "eval_timesteps", "sample_count"):
             if getattr(self, name) < 1:
                 raise invalid(s, name, getattr(self, name), "must be >= 1")
+        if self.sample_steps < 2:  # a one-step chain has no posterior (see DiffusionConfig)
+            raise invalid(s, "sample_steps", self.sample_steps, "must be >= 2")
         if self.seed < 0:
             raise invalid(s, "seed", self.seed, "must be >= 0")
         if self.max_consecutive_skipped < 1:

@@ -265,3 +265,15 @@ def test_architecture_errors_name_config_fields_not_unet_arguments():
         num_head_channels=64,
     )
     assert config.attention_downsample_rates() == (1,)
+
+
+def test_a_chain_needs_two_steps() -> None:
+    """improved-diffusion's GaussianDiffusion cannot be built on one step (it indexes the
+    posterior variance at 1): refused at the config, not as an IndexError mid-run."""
+    for override, shown in [
+        ("diffusion.diffusion_steps=1", r"diffusion\.diffusion_steps=1 is invalid: must be >= 2"),
+        ("diffusion.timestep_respacing=1", r"timestep_respacing='1' is invalid: must keep >= 2"),
+        ("train.sample_steps=1", r"train\.sample_steps=1 is invalid: must be >= 2"),
+    ]:
+        with pytest.raises(ConfigError, match=shown):
+            apply_overrides(ExperimentConfig(), ["noise_schedule=cosine", override])
