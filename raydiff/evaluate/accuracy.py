@@ -48,7 +48,7 @@ def run_accuracy(
         source, folder = samples_location(samples)
         record = read_sampling_record(folder)
         check_not_the_guide(classifier, record, flag="--classifier")
-    evaluator = load_classifier_features(classifier)
+    evaluator = load_classifier_features(classifier, flag="--classifier")
     if is_dataset:  # read in place, under a URI too
         images, labels = load_labelled_images(str(source), split=split, limit=num_images)
     else:

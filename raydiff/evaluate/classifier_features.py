@@ -62,18 +62,20 @@ class ClassifierFeatures(torch.nn.Module):
         return self.network(x, t).argmax(dim=-1)
 
 
-def load_classifier_features(checkpoint: str | Path | RemotePath) -> ClassifierFeatures:
+def load_classifier_features(
+    checkpoint: str | Path | RemotePath, *, flag: str = "--features"
+) -> ClassifierFeatures:
     """The clean classifier of a ``raydiff train-classifier`` checkpoint as an extractor. A noisy
     classifier is refused: it is the kind of network that guides samples, and an evaluator must
     not be the network that guided them (nor share its blind spots)."""
     from raydiff.sample.classifier import load_classifier
 
-    loaded = load_classifier(checkpoint)
+    loaded = load_classifier(checkpoint, flag=flag)
     if loaded.config.classifier.noised:
         raise UserInputError(
-            f"{checkpoint} is a noisy classifier (classifier.noised=true), the kind that guides "
-            "sampling: evaluate with a clean one (raydiff train-classifier --config "
-            "evaluator_demo), never the network that guided the samples"
+            f"{flag} {checkpoint} is a noisy classifier (classifier.noised=true), the kind "
+            "that guides sampling: evaluate with a clean one (raydiff train-classifier "
+            "--config evaluator_demo), never the network that guided the samples"
         )
     model = loaded.config.model
     return ClassifierFeatures(

@@ -56,29 +56,33 @@ def classifier_config_from_flags(
 
 
 def load_classifier(
-    path: str | Path | RemotePath, *, flags: dict[str, str] | None = None, model_config: Any = None
+    path: str | Path | RemotePath,
+    *,
+    flags: dict[str, str] | None = None,
+    model_config: Any = None,
+    flag: str = "--classifier",
 ) -> Classifier:
     """The classifier at ``path``: a raydiff classifier checkpoint folder (its config.json
     describes it; ``flags`` must be None), or a published state dict described by ``flags`` (for
     the images and classes of ``model_config``'s model). A checkpoint of a diffusion model, or
-    flags that do not match the file's keys, is a one-line error."""
+    flags that do not match the file's keys, is a one-line error naming ``flag``."""
     from raydiff.sample.load import load_sampling_model
 
     location = as_location(path)
     if isinstance(location, RemotePath) or Path(location).is_dir():
         if flags:
             raise UserInputError(
-                f"--classifier {path} is a raydiff checkpoint: its config.json describes the "
+                f"{flag} {path} is a raydiff checkpoint: its config.json describes the "
                 f"classifier (--classifier-flags are for published .pt files)"
             )
         loaded = load_sampling_model(location, task="classifier")
         return Classifier(network=loaded.model, config=loaded.config)
     file = Path(location)
     if not file.is_file():
-        raise FileNotFoundError(f"--classifier {str(path)!r} does not exist")
+        raise FileNotFoundError(f"{flag} {str(path)!r} does not exist")
     if model_config is None:
         raise UserInputError(
-            f"--classifier {path} is a published state dict: it needs the diffusion model's "
+            f"{flag} {path} is a published state dict: it needs the diffusion model's "
             f"config and its --classifier-flags"
         )
     config = classifier_config_from_flags(flags or {}, model_config=model_config)
