@@ -74,7 +74,9 @@ def preset(batch: int, precision: str) -> ExperimentConfig:
 def raydiff_step(config: ExperimentConfig, images: torch.Tensor, device: torch.device) -> Callable:
     """raydiff's training step for ``config`` on ``device``."""
     from raydiff.train.build import build_trainer
+    from raydiff.train.data_position import DataPosition
     from raydiff.train.local import LocalRuntime
+    from raydiff.train.tasks.diffusion import diffusion_task
 
     runtime = LocalRuntime(
         config,
@@ -84,8 +86,14 @@ def raydiff_step(config: ExperimentConfig, images: torch.Tensor, device: torch.d
         labels=None,
         device=device,
     )
-    trainer = build_trainer(config, runtime=runtime)
-    return lambda: trainer.train_step(images)
+    _, trainer = build_trainer(config, runtime=runtime, make_task=diffusion_task)
+    trainer.raw_model.train()
+    # One batch as the runtime hands it to the loop (on the device, flipped as configured),
+    # reused for every step: a step's cost does not depend on the pixels.
+    _, batch = next(
+        runtime.train_batches(batch_size=config.train.batch_size, position=DataPosition())
+    )
+    return lambda: trainer.train_step(batch)
 
 
 def import_improved_diffusion(root: Path) -> types.SimpleNamespace:

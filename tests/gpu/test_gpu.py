@@ -4,6 +4,7 @@ Run them with ``make test-gpu`` (``pytest -m gpu``). They cover:
 
 * one single-process training step on CUDA in fp16 (autocast and dynamic loss scaling) and one in
   bf16 (autocast, no scaling), through ``run_single_process``;
+* one Ray Train worker on a GPU in fp16, through ``run_training_job``;
 * two DDP workers over NCCL (Ray Train's ``TorchTrainer`` with ``TorchConfig``: raydiff asks for
   one GPU per worker with ``scaling.use_gpu``), through ``run_training_job``, when the machine has
   two GPUs or more;
@@ -117,6 +118,27 @@ def ray_on_gpus() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def test_one_gpu_worker_trains_through_ray_train(
+    ray_on_gpus: None, dataset: Path, tmp_path: Path
+) -> None:
+    from raydiff.orchestrate.trainer import run_training_job
+
+    cfg = config(
+        dataset,
+        "scaling.use_gpu=true",
+        "scaling.cpus_per_worker=1",
+        "scaling.max_failures=0",
+        "train.precision=fp16",
+    )
+    result = run_training_job(cfg, output_dir=tmp_path / "run")
+    assert result["step"] == 2 and math.isfinite(result["loss"])
+    # The worker trained under fp16 autocast with dynamic loss scaling on its GPU.
+    assert result["loss_scale"] in (2.0**16, 2.0**15) and result["skipped_steps"] <= 1
+    state = load_checkpoint(Path(result["checkpoint"]))
+    assert all(w.dtype == torch.float32 for w in state["model"].values())
+    assert all(torch.isfinite(w).all() for w in state["model"].values())
 
 
 @pytest.mark.skipif(
