@@ -19,9 +19,9 @@ a node with 0 CPUs is added, that only the actor is placed on.
 
 A driver start costs ~35-40 s here (Ray Train's worker group start is most of it), so runs are
 shared where a fault allows, through module fixtures, still one test per fault: the Ctrl-C test's
-second driver is the run whose actor node dies (``interrupted_run``); a copy of the run the two
-contending drivers left (``contested_run``) is continued past a truncated checkpoint and then
-runs out of restarts (``truncated_then_out_of_restarts``).
+same command is started twice at once, and the driver that wins the run folder is the run whose
+actor node dies (``interrupted_run``); a copy of that finished run is continued past a truncated
+checkpoint and then runs out of restarts (``truncated_then_out_of_restarts``).
 
 Each test prints what it injected and what recovery it measured; the figures (steps redone,
 recovery time) are collected in a table printed at the end (``-s``) and appended as JSON lines to
@@ -683,8 +683,10 @@ class InterruptedRun:
     last_checkpoint: Path  # the newest complete checkpoint when the driver had exited
     workers_left: list[int]
     actor_left: bool
-    again: Driver
+    again: Driver  # of the two drivers started at once, the one that trained
     again_code: int
+    rival: Driver  # ... and the one refused the run folder
+    rival_code: int
     actor_node: NodeInfo
     placed: dict[str, Any]  # the actor's info() before the fault
     after: dict[str, Any]  # ... and once Ray had restarted it
@@ -700,7 +702,9 @@ def interrupted_run(fault_cluster, tiny_dataset, tmp_path_factory) -> Interrupte
     trains, the node holding the run's loss-history actor (and no training worker) is killed.
 
     Two faults, one per test, in one run (a driver start less): the second driver's start
-    (what the Ctrl-C test measures) is over before the actor's node dies. A 0-CPU actor lands on
+    (what the Ctrl-C test measures) is over before the actor's node dies. The same command is
+    started twice at once the second time: one driver takes the run folder, the other must be
+    refused (the run lock's test), at the cost of one process start, not of a run of its own. A 0-CPU actor lands on
     a random node (Ray's rule for actors that need no resources); to know which node to kill,
     the fixture creates the run's actor itself, with the driver's name and arguments, on a node
     with 0 CPUs (no worker fits there) before the second driver starts, whose
@@ -731,7 +735,10 @@ def interrupted_run(fault_cluster, tiny_dataset, tmp_path_factory) -> Interrupte
         "place_actor", run_dir=str(out), num_timesteps=500, node_id=actor_node.node_id
     )
     assert fault_cluster.node_of(placed["pid"]) == actor_node, placed
-    with driver(*args, name="again") as again:
+    with driver(*args, name="again") as one, driver(*args, name="rival") as other:
+        rival = first_to_exit(one, other)
+        again = other if rival is one else one
+        rival_code = rival.finish()
         resumed_at = int(last_checkpoint.name.removeprefix("checkpoint_"))
         again.wait_for_step(resumed_at + 2)
         last_logged = again.steps()[-1].step
@@ -756,6 +763,8 @@ def interrupted_run(fault_cluster, tiny_dataset, tmp_path_factory) -> Interrupte
         actor_left=actor_left,
         again=again,
         again_code=again_code,
+        rival=rival,
+        rival_code=rival_code,
         actor_node=actor_node,
         placed=placed,
         after=after,
@@ -866,44 +875,30 @@ def test_the_node_of_the_loss_history_actor_dies(interrupted_run):
     )
 
 
-@dataclass(frozen=True)
-class ContestedRun:
-    out: Path
-    drivers: dict[str, Driver]
-    codes: dict[str, int]
+def first_to_exit(*drivers: Driver, timeout: float = 120) -> Driver:
+    """The first of ``drivers`` whose process ends (a driver refused the run folder ends within
+    seconds; one that trains runs on)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for run in drivers:
+            if run.process.poll() is not None:
+                run.ended = time.time()
+                return run
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"none of {len(drivers)} drivers into one run folder ended in {timeout} s:\n"
+                + "\n".join(run.text()[-2000:] for run in drivers)
+            )
+        time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def contested_run(fault_cluster, tiny_dataset, tmp_path_factory) -> ContestedRun:
-    """Two drivers started at once with the same --output (train.max_steps=8); both finished.
-
-    The test of the run lock checks what happened; the truncated-checkpoint test continues a
-    copy of the finished run (one driver run less than training one of its own).
-    """
-    fault_cluster.shape(NODE_CPUS, NODE_CPUS)
-    out = tmp_path_factory.mktemp("contested") / "twice"
-    args = (fault_cluster, tiny_dataset.path, out, "train.max_steps=8")
-    with driver(*args, name="a") as a, driver(*args, name="b") as b:
-        drivers = {"a": a, "b": b}
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while any(run.process.poll() is None for run in drivers.values()):
-            for run in drivers.values():
-                if run.ended is None and run.process.poll() is not None:
-                    run.ended = time.time()
-            assert time.monotonic() < deadline, {n: r.text()[-2000:] for n, r in drivers.items()}
-            time.sleep(0.05)
-        codes = {name: run.finish() for name, run in drivers.items()}
-    return ContestedRun(out=out, drivers=drivers, codes=codes)
-
-
-def test_two_drivers_into_one_run_folder(contested_run):
-    """Two drivers started at once with the same --output: one trains, the other is refused
-    before it starts Ray, with the folder, the holder and what to do; nothing is mixed."""
-    out, drivers, codes = contested_run.out, contested_run.drivers, contested_run.codes
-    consoles = {name: run.text()[-3000:] for name, run in drivers.items()}
-    assert sorted(codes.values()) == [0, 1], (codes, consoles)
-    winner = next(run for name, run in drivers.items() if codes[name] == 0)
-    loser = next(run for name, run in drivers.items() if codes[name] == 1)
+def test_two_drivers_into_one_run_folder(interrupted_run):
+    """Two drivers started at once with the same --output (the Ctrl-C test's same command,
+    twice): one trains, the other is refused before it starts Ray, with the folder, the holder
+    and what to do; nothing is mixed."""
+    run = interrupted_run
+    out, winner, loser = run.out, run.again, run.rival
+    assert (run.again_code, run.rival_code) == (0, 1), loser.text()[-3000:]
     refusal = loser.text()
     assert (
         f"raydiff train: error: the run folder {out} is in use by another training run "
@@ -911,16 +906,17 @@ def test_two_drivers_into_one_run_folder(contested_run):
     ), refusal[-3000:]
     assert "give a new --output folder" in refusal
     assert "connected to the Ray cluster" not in refusal  # refused before Ray
-    # One run's files only: its checkpoints, one TensorBoard writer, one loss history.
-    assert assert_checkpoints_intact(out) == [4, 8]
-    assert tensorboard_starts(out) == [1]
-    assert recorded_losses(out / "checkpoint_000008") == 8 * GLOBAL_BATCH
+    # One run's files: every checkpoint complete, one TensorBoard writer per driver that trained.
+    steps = list(range(SAVE_INTERVAL, run.max_steps + 1, SAVE_INTERVAL))
+    assert assert_checkpoints_intact(out) == steps
+    resumed_at = int(run.last_checkpoint.name.removeprefix("checkpoint_"))
+    assert tensorboard_starts(out) == [1, resumed_at + 1]
     assert loser.ended is not None
     refused_s = loser.ended - loser.started
     print(
-        f"\ntwo drivers into {out.name} at once: pid {winner.process.pid} trained to step 8, "
-        f"pid {loser.process.pid} was refused (exit 1) {refused_s:.1f} s after it started, "
-        "before starting Ray"
+        f"\ntwo drivers into {out.name} at once: pid {winner.process.pid} trained to step "
+        f"{run.max_steps}, pid {loser.process.pid} was refused (exit 1) {refused_s:.1f} s after "
+        "it started, before starting Ray"
     )
     report({"fault": "two drivers, one --output", "refused_after_s": round(refused_s, 1)})
 
@@ -937,18 +933,21 @@ class TruncatedThenOutOfRestarts:
 
 @pytest.fixture(scope="module")
 def truncated_then_out_of_restarts(
-    fault_cluster, tiny_dataset, contested_run, tmp_path_factory
+    fault_cluster, tiny_dataset, interrupted_run, tmp_path_factory
 ) -> TruncatedThenOutOfRestarts:
-    """A copy of the contested run (checkpoints 4 and 8) whose newest checkpoint is cut short on
-    disk, run again with ``train.max_steps=40 scaling.max_failures=1``: the driver resumes past
-    the truncated checkpoint and trains on; once it has written checkpoint 8 again, a training
-    worker is killed (the group restarts from 8), then again (out of restarts). Two faults, one
-    driver start: the truncated-checkpoint test checks the resume, the out-of-restarts test the end.
+    """A copy of the interrupted run once finished (checkpoints 4 to 16) whose newest checkpoint
+    is cut short on disk, run again with ``train.max_steps=40 scaling.max_failures=1``: the
+    driver resumes past the truncated checkpoint and trains on; once it has written checkpoint 16
+    again, a training worker is killed (the group restarts from 16), then again (out of
+    restarts). Two faults, one driver start: the truncated-checkpoint test checks the resume, the
+    out-of-restarts test the end.
     """
     fault_cluster.shape(NODE_CPUS, NODE_CPUS)
     out = tmp_path_factory.mktemp("truncated") / "again"
-    shutil.copytree(contested_run.out, out)  # a finished run: checkpoints 4 and 8
-    model = out / "checkpoint_000008" / "model.pt"
+    # copytree keeps the files' times: the run's own TensorBoard files stay the oldest.
+    shutil.copytree(interrupted_run.out, out)
+    newest = interrupted_run.max_steps
+    model = out / f"checkpoint_{newest:06d}" / "model.pt"
     size = model.stat().st_size
     os.truncate(model, size // 2)
     killed: list[tuple[int, int]] = []
@@ -960,7 +959,7 @@ def truncated_then_out_of_restarts(
         "scaling.max_failures=1",
         name="again",
     ) as run:
-        run.wait_for_step(2 * SAVE_INTERVAL + 1, after_checkpoint=2 * SAVE_INTERVAL)
+        run.wait_for_step(newest + 1, after_checkpoint=newest)
         for _ in range(2):
             rank0, victim = current_group(fault_cluster, run)
             os.kill(victim, signal.SIGKILL)
@@ -983,30 +982,34 @@ def test_a_truncated_checkpoint_is_never_resumed_from(truncated_then_out_of_rest
     run = truncated_then_out_of_restarts
     out, text, size = run.out, run.driver.text(), run.size
     newest = run.truncated.parent
+    newest_step = int(newest.name.removeprefix("checkpoint_"))
+    before = out / f"checkpoint_{newest_step - SAVE_INTERVAL:06d}"
     assert (
         f"skipping {newest}: not a complete checkpoint (model.pt has {size // 2} bytes, "
         f"files.json says {size})" in text
     ), text[-4000:]
-    # The first worker group resumed from checkpoint 4; only the restarted one (after the
-    # kill, once checkpoint 8 had been written again, complete) from checkpoint 8.
+    # The first worker group resumed from the checkpoint before; only the restarted one (after
+    # the kill, once the newest had been written again, complete) from the newest.
     resumed = [Path(m["path"]) for m in RESUMED.finditer(text)]
-    assert resumed[0] == out / "checkpoint_000004", (resumed, text[-4000:])
+    assert resumed[0] == before, (resumed, text[-4000:])
     assert set(resumed[1:]) <= {newest}, resumed
-    assert tensorboard_starts(out)[1] == 5  # [1] is the first writer of this driver
-    # Steps 5-8 were trained again and checkpoint_000008 written again, complete.
-    assert assert_checkpoints_intact(out)[:2] == [4, 8]
+    # [0] and [1] are the copied run's two drivers; [2] is the first writer of this one.
+    assert tensorboard_starts(out)[2] == newest_step - SAVE_INTERVAL + 1
+    # The skipped interval was trained again and the newest checkpoint written again, complete.
+    checkpoints = list(range(SAVE_INTERVAL, newest_step + 1, SAVE_INTERVAL))
+    assert assert_checkpoints_intact(out)[: len(checkpoints)] == checkpoints
     first = min(run.driver.steps(), key=lambda s: s.time)
     restart_s = first.time - run.driver.started
     print(
         f"\ntruncated {run.truncated.relative_to(out)} to {size // 2} of {size} bytes; the "
-        f"driver skipped it and resumed from checkpoint_000004; steps redone: 4; driver start "
-        f"to first step: {restart_s:.1f} s"
+        f"driver skipped it and resumed from {before.name}; steps redone: {SAVE_INTERVAL}; "
+        f"driver start to first step: {restart_s:.1f} s"
     )
     report(
         {
             "fault": "newest checkpoint truncated",
-            "resumed_from": "checkpoint_000004",
-            "steps_redone": 4,
+            "resumed_from": before.name,
+            "steps_redone": SAVE_INTERVAL,
             "recovery_s": round(restart_s, 1),
         }
     )
