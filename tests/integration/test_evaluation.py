@@ -1,5 +1,6 @@
-"""Evaluation on the shared local cluster: bits/dim spread over workers, and every checkpoint
-evaluated while a run trains."""
+"""Evaluation on the shared local cluster: bits/dim spread over workers. (Every checkpoint
+evaluated while a run trains: test_storage_s3.py's run, on the evaluation actor that a local run
+uses too; tests/unit/test_checkpoint_evaluation.py for its local files.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from tiny_model import tiny_model
 
-from raydiff.config import ExperimentConfig, apply_overrides, from_dict, to_dict
+from raydiff.config import ExperimentConfig, apply_overrides, to_dict
 from raydiff.factory import create_model
 from raydiff.train.checkpoint import save_checkpoint
 
@@ -82,45 +83,3 @@ def test_bpd_is_the_same_on_one_and_two_workers_and_reaches_the_runs_tensorboard
     # Both evaluations were of the run's checkpoint at step 12.
     expected = [(12, pytest.approx(one.summary["bpd"]))] * 2
     assert [(s.step, s.value) for s in events.Scalars("eval/bpd_val")] == expected
-
-
-def test_every_checkpoint_is_evaluated_while_the_run_trains(ray_cluster, tiny_dataset, tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    from raydiff.orchestrate.trainer import run_training_job
-
-    config = apply_overrides(
-        ExperimentConfig(),
-        [
-            *tiny_model(),
-            "diffusion.diffusion_steps=20",
-            "diffusion.noise_schedule=cosine",
-            "train.batch_size=8",
-            "train.max_steps=6",
-            "train.save_interval=3",
-            "train.eval_interval=0",
-            "train.sample_interval=0",
-            "scaling.num_workers=1",
-            "scaling.cpus_per_worker=1",
-            "evaluation.every_checkpoint=true",
-            "evaluation.num_samples=4",
-            "evaluation.sample_respacing=ddim5",
-            "evaluation.bpd_images=4",
-            "evaluation.cpus=0.5",
-            f"data.data_dir={tiny_dataset.path}",
-        ],
-    )
-    out = tmp_path / "run"
-    result = run_training_job(from_dict(ExperimentConfig, to_dict(config)), output_dir=out)
-    assert result["step"] == 6
-    evaluation = result["evaluation"]
-    assert evaluation["step"] == 6 and np.isfinite(evaluation["bpd_val"]), evaluation
-    lines = (out / "evaluation" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [3, 6]
-    for step in (3, 6):
-        folder = out / "evaluation" / f"checkpoint_{step:06d}"
-        assert (folder / "grid.png").is_file() and (folder / "samples_4x16x16x1.npz").is_file()
-    events = EventAccumulator(str(out / "tensorboard"))
-    events.Reload()
-    assert [s.step for s in events.Scalars("eval/bpd_val")] == [3, 6]
-    assert "train/loss" in events.Tags()["scalars"]  # the trainer's own curves beside them

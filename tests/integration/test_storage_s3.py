@@ -70,30 +70,30 @@ def bucket_keys(bucket: str) -> set[str]:
 def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     ray_cluster, tiny_dataset, s3_bucket, tmp_path, monkeypatch
 ):
-    """Train into the bucket, resume from it evaluating its checkpoints while it trains, then
-    sample and evaluate the checkpoint there."""
+    """Train into the bucket, resume from it evaluating each of its checkpoints while it trains
+    (the evaluation actor's test: samples, grid, the bound, metrics.jsonl and ``eval/*``
+    scalars beside the trainer's), then sample and evaluate the checkpoint there."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from raydiff.storage import as_location, download
     from raydiff.train.checkpoint import load_checkpoint
 
     uri = f"s3://{s3_bucket}/runs/r1"
-    overrides = {"train.save_interval": 4, "train.sample_interval": 2}
-    first = run(tiny_config(tiny_dataset.path, **{"train.max_steps": 4, **overrides}), uri)
-    assert first["step"] == 4
-    assert first["checkpoint"] == f"{uri}/checkpoint_000004"
+    overrides = {"train.save_interval": 2, "train.sample_interval": 2}
+    first = run(tiny_config(tiny_dataset.path, **{"train.max_steps": 2, **overrides}), uri)
+    assert first["step"] == 2
+    assert first["checkpoint"] == f"{uri}/checkpoint_000002"
     assert first["output_dir"] == uri
 
     keys = bucket_keys(s3_bucket)
     run_keys = {k.removeprefix("runs/r1/") for k in keys if k.startswith("runs/r1/")}
     assert {
         "config.json",
-        "checkpoint_000004/files.json",
-        "checkpoint_000004/model.pt",
-        "checkpoint_000004/trainer.pt",
-        "checkpoint_000004/progress.json",
+        "checkpoint_000002/files.json",
+        "checkpoint_000002/model.pt",
+        "checkpoint_000002/trainer.pt",
+        "checkpoint_000002/progress.json",
         "samples/samples_000002.png",
-        "samples/samples_000004.png",
     } <= run_keys, sorted(run_keys)
     assert any(k.startswith("tensorboard/events.out.tfevents.") for k in run_keys), run_keys
     assert not Path("s3:").exists()  # nothing went to a local folder named after the URI
@@ -102,11 +102,12 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     events_dir = download(as_location(uri) / "tensorboard", tmp_path / "tb1")
     events = EventAccumulator(str(events_dir), size_guidance={"scalars": 0})
     events.Reload()
-    assert [e.step for e in events.Scalars("train/loss")] == [2, 4]
+    assert [e.step for e in events.Scalars("train/loss")] == [2]
 
     # The same command with more steps continues from the checkpoint in the bucket.
-    # The resumed run evaluates its checkpoints while it trains (--evaluate-checkpoints): the
-    # samples, grid, evaluation.json, metrics.jsonl and eval/* scalars land in the bucket too.
+    # The resumed run evaluates its checkpoints (4 and 6) while it trains
+    # (--evaluate-checkpoints): the samples, grid, evaluation.json, metrics.jsonl and eval/*
+    # scalars land in the bucket too.
     evaluation = {
         "data.val_split": "val",
         "evaluation.every_checkpoint": "true",
@@ -123,15 +124,16 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     evaluated = f"{uri}/evaluation/checkpoint_000006"
     assert second["evaluation"]["samples"] == f"{evaluated}/samples_4x16x16x1.npz"
     keys = {k.removeprefix("runs/r1/") for k in bucket_keys(s3_bucket) if "runs/r1/" in k}
-    folder = "evaluation/checkpoint_000006"
-    assert {f"{folder}/evaluation.json", f"{folder}/grid.png"} <= keys, sorted(keys)
-    assert f"{folder}/samples_4x16x16x1.npz" in keys
+    for step in (4, 6):
+        folder = f"evaluation/checkpoint_{step:06d}"
+        assert {f"{folder}/evaluation.json", f"{folder}/grid.png"} <= keys, sorted(keys)
+        assert f"{folder}/samples_4x16x16x1.npz" in keys
     lines = (as_location(uri) / "evaluation" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [6]
+    assert [json.loads(line)["step"] for line in lines] == [4, 6]
     final_dir = download(as_location(second["checkpoint"]), tmp_path / "checkpoint_000006")
     final = load_checkpoint(final_dir)
     assert final["trainer"]["step"] == 6
-    # Every step's losses are in the loss history: checkpoint 4's went on (the actor loaded it).
+    # Every step's losses are in the loss history: checkpoint 2's went on (the actor loaded it).
     assert int(final["trainer"]["sampler"]["loss_counts"].sum()) == 6 * GLOBAL_BATCH
 
     events_dir = download(as_location(uri) / "tensorboard", tmp_path / "tb2")
@@ -139,7 +141,7 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6]
     assert sorted(e.step for e in events.Scalars("train/loss_step")) == [1, 2, 3, 4, 5, 6]
-    # The second run trained steps 5 and 6 only: it resumed, it did not start from step 0.
+    # The second run trained steps 3 to 6 only: it resumed, it did not start from step 0.
     files = sorted(
         (f for f in events_dir.glob("events.out.tfevents.*") if f.suffix != ".evaluation"),
         key=lambda f: f.name.split(".")[3],
@@ -147,7 +149,7 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     assert len(files) == 2  # the trainer's, one per run; the evaluator writes *.evaluation
     second_events = EventAccumulator(str(files[-1]), size_guidance={"scalars": 0})
     second_events.Reload()
-    assert [e.step for e in second_events.Scalars("train/loss_step")] == [5, 6]
+    assert [e.step for e in second_events.Scalars("train/loss_step")] == [3, 4, 5, 6]
     assert "runs/r1/samples/samples_000006.png" in bucket_keys(s3_bucket)
 
     # Samples from the checkpoint in the bucket, into the bucket; the folder is refused once full.
@@ -223,7 +225,7 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     events_dir = download(as_location(uri) / "tensorboard", tmp_path / "tb3")
     events = EventAccumulator(str(events_dir), size_guidance={"scalars": 0})
     events.Reload()
-    assert [e.step for e in events.Scalars("eval/bpd_val")] == [6]  # while it trained
+    assert [e.step for e in events.Scalars("eval/bpd_val")] == [4, 6]  # while it trained
     assert [e.step for e in events.Scalars("eval/bpd_val_respaced10")] == [6]
     assert [e.step for e in events.Scalars("eval/fid_val")] == [6]
     assert not Path("s3:").exists()
