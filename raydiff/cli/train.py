@@ -75,7 +75,8 @@ class TrainOptions:
     single_process: bool = flag(
         "--single-process",
         default=False,
-        help="train in this process without Ray (debugging; one worker, in-memory data)",
+        help="train in this process without Ray (one worker, in-memory data; on the GPU with "
+        "scaling.use_gpu)",
     )
     resume: str | None = flag(
         "--resume",

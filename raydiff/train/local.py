@@ -20,6 +20,7 @@ from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import ScheduleSampler, create_named_schedule_sampler
 from raydiff.data.in_memory import infinite_batches, load_split_tensors
 from raydiff.data.manifest import Manifest, load_manifest
+from raydiff.errors import UserInputError
 from raydiff.storage import RemotePath, local_copy, resolve_location
 from raydiff.train.checkpoint import save_checkpoint
 from raydiff.train.data_position import DataPosition
@@ -105,6 +106,20 @@ class LocalRuntime:
             logger.info("saved %s", self.last_checkpoint)
 
 
+def single_process_device(config: ExperimentConfig) -> torch.device:
+    """The device ``scaling.use_gpu`` asks for: the current CUDA device, else the CPU; refused
+    in one line when it asks for a GPU that this machine does not have."""
+    if not config.scaling.use_gpu:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserInputError(
+            "scaling.use_gpu=true, but torch sees no CUDA GPU here (torch "
+            f"{torch.__version__}, CUDA build {torch.version.cuda or 'none'}): drop "
+            "scaling.use_gpu to train on the CPU"
+        )
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def run_single_process(
     config: ExperimentConfig,
     *,
@@ -117,8 +132,10 @@ def run_single_process(
 
     Runs the same checks as a Ray run first (:func:`raydiff.train.preflight.plan_start`); a run
     already at ``train.max_steps`` returns at once. Continues ``resume``, else the newest complete
-    checkpoint under ``output_dir``.
+    checkpoint under ``output_dir``. ``device``: default the GPU with ``scaling.use_gpu`` (as a
+    Ray run's workers), else the CPU.
     """
+    device = device or single_process_device(config)
     output_dir = resolve_location(output_dir)  # a local folder (absolute) or a URI
     manifest = manifest or load_manifest(config.data.data_dir)
     # One process trains the whole batch: scaling.num_workers does not apply.

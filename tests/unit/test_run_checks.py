@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from tiny_model import tiny_model
 
 from raydiff.cli import main
@@ -103,6 +104,18 @@ def test_single_process_cli_refuses_a_bad_resume_before_loading_data(dataset, tm
     assert main([*args, "--resume", str(tmp_path / "nowhere")]) == 1
     assert "--resume:" in (err := capsys.readouterr().err) and "is not a raydiff checkpoint" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine with no GPU")
+def test_single_process_with_use_gpu_and_no_gpu_is_refused_in_one_line(dataset, tmp_path, capsys):
+    """`--single-process` trains on the GPU with scaling.use_gpu (as a Ray run's workers do);
+    without one it says so before loading anything."""
+    sets = [f"--set={item}" for item in BASE_OVERRIDES]
+    args = ["train", "--single-process", *sets, "--set=scaling.use_gpu=true"]
+    assert main([*args, "--data", str(dataset), "--output", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert "scaling.use_gpu=true, but torch sees no CUDA GPU here" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
 
 
 def test_unknown_schedule_from_the_command_line(capsys):
