@@ -3,7 +3,8 @@
 Run them with ``make test-gpu`` (``pytest -m gpu``). They cover:
 
 * one single-process training step on CUDA in fp16 (autocast and dynamic loss scaling) and one in
-  bf16 (autocast, no scaling), through ``run_single_process``;
+  bf16 (autocast, no scaling), through ``run_single_process``, and one on the GPU that
+  ``scaling.use_gpu`` picks when no device is given;
 * one Ray Train worker on a GPU in fp16, through ``run_training_job``;
 * two DDP workers over NCCL (Ray Train's ``TorchTrainer`` with ``TorchConfig``: raydiff asks for
   one GPU per worker with ``scaling.use_gpu``), through ``run_training_job``, when the machine has
@@ -102,6 +103,18 @@ def test_a_training_step_on_cuda(precision: str, dataset: Path, tmp_path: Path) 
     for weights in (state["model"], *state["ema"].values()):
         assert all(w.dtype == torch.float32 for w in weights.values())
         assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_single_process_trains_on_the_gpu_with_use_gpu(dataset: Path, tmp_path: Path) -> None:
+    """`raydiff train --single-process --set scaling.use_gpu=true`: no device given, the run
+    picks the GPU itself (CUDA allocations happen), as a Ray run's workers do."""
+    from raydiff.train.local import run_single_process
+
+    before = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+    cfg = config(dataset, "scaling.use_gpu=true", "train.precision=fp32")
+    result = run_single_process(cfg, output_dir=tmp_path / "run")
+    assert result["step"] == 2 and math.isfinite(result["loss"])
+    assert torch.cuda.memory_stats().get("allocation.all.allocated", 0) > before
 
 
 @pytest.fixture(scope="module")

@@ -704,8 +704,9 @@ def interrupted_run(fault_cluster, tiny_dataset, tmp_path_factory) -> Interrupte
     Two faults, one per test, in one run (a driver start less): the second driver's start
     (what the Ctrl-C test measures) is over before the actor's node dies. The same command is
     started twice at once the second time: one driver takes the run folder, the other must be
-    refused (the run lock's test), at the cost of one process start, not of a run of its own. A 0-CPU actor lands on
-    a random node (Ray's rule for actors that need no resources); to know which node to kill,
+    refused (the run lock's test), at the cost of one process start, not of a run of its own.
+    A 0-CPU actor lands on a random node (Ray's rule for actors that need no resources); to
+    know which node to kill,
     the fixture creates the run's actor itself, with the driver's name and arguments, on a node
     with 0 CPUs (no worker fits there) before the second driver starts, whose
     ``get_or_create_actor`` then uses it.
@@ -911,6 +912,10 @@ def test_two_drivers_into_one_run_folder(interrupted_run):
     assert assert_checkpoints_intact(out) == steps
     resumed_at = int(run.last_checkpoint.name.removeprefix("checkpoint_"))
     assert tensorboard_starts(out) == [1, resumed_at + 1]
+    # One loss history: no more losses than the run's steps (the actor's node dies in this run,
+    # so some may be missing: test_the_node_of_the_loss_history_actor_dies bounds those).
+    final = out / f"checkpoint_{run.max_steps:06d}"
+    assert recorded_losses(final) <= run.max_steps * GLOBAL_BATCH
     assert loser.ended is not None
     refused_s = loser.ended - loser.started
     print(
