@@ -21,7 +21,8 @@ A driver start costs ~35-40 s here (Ray Train's worker group start is most of it
 shared where a fault allows, through module fixtures, still one test per fault: the Ctrl-C test's
 same command is started twice at once, and the driver that wins the run folder is the run whose
 actor node dies (``interrupted_run``); a copy of that finished run is continued past a truncated
-checkpoint and then runs out of restarts (``truncated_then_out_of_restarts``).
+checkpoint, loses the node of its rank 0 and then runs out of restarts
+(``truncated_then_out_of_restarts``).
 
 Each test prints what it injected and what recovery it measured; the figures (steps redone,
 recovery time) are collected in a table printed at the end (``-s``) and appended as JSON lines to
@@ -140,12 +141,13 @@ def serve_cluster(temp_dir: str) -> None:
     ``PROTOCOL_PREFIX``.
     """
     import ray
-    import ray._private.utils
     from ray.cluster_utils import Cluster
 
-    # Cluster writes its address to /tmp/ray/ray_current_cluster, where `address="auto"` looks:
-    # other Ray users of this machine must not find this throwaway cluster there.
-    ray._private.utils.write_ray_address = lambda *args, **kwargs: None
+    # Cluster writes its address to $RAY_TMPDIR/ray/ray_current_cluster (/tmp/ray/... by
+    # default), where `address="auto"` looks: other Ray users of this machine must not find this
+    # throwaway cluster there.
+    os.environ["RAY_TMPDIR"] = temp_dir
+    Path(temp_dir, "ray").mkdir(exist_ok=True)
     common = {"temp_dir": temp_dir}
     dashboard, agent = free_ports(2)
     cluster = Cluster(
@@ -168,13 +170,14 @@ def serve_cluster(temp_dir: str) -> None:
         },
     )
     nodes = {cluster.head_node.node_id: cluster.head_node}
+    cpus = {cluster.head_node.node_id: HEAD_CPUS}  # each node's, as it was asked for
 
     def describe(node: Any) -> dict[str, Any]:
         return {
             "node_id": node.node_id,
             "raylet_pid": node.all_processes["raylet"][0].process.pid,
             "head": node is cluster.head_node,
-            "num_cpus": node._ray_params.num_cpus,
+            "num_cpus": cpus[node.node_id],
         }
 
     def respond(answer: Any) -> None:
@@ -203,9 +206,9 @@ def serve_cluster(temp_dir: str) -> None:
                 added = [
                     cluster.add_node(**common, num_cpus=n, wait=False) for n in request["cpus"]
                 ]
-                for node in added:
-                    cluster._wait_for_node(node)
-                    nodes[node.node_id] = node
+                cluster.wait_for_nodes()
+                for node, n in zip(added, request["cpus"], strict=True):
+                    nodes[node.node_id], cpus[node.node_id] = node, n
                 respond([describe(node) for node in added])
             elif op == "remove":
                 start = time.monotonic()
@@ -610,66 +613,6 @@ def _print_figures() -> None:
 # The faults.
 
 
-def test_a_removed_node_with_a_training_worker(fault_cluster, tiny_dataset, tmp_path):
-    """A node holding a training worker (rank 0's, the checkpoint writer) is removed after the
-    first checkpoint: Ray Train restarts the worker group on the remaining nodes (the spare one
-    included) from the last checkpoint, and the run finishes with every checkpoint complete."""
-    fault_cluster.shape(NODE_CPUS, NODE_CPUS, NODE_CPUS)  # 2 workers + a spare node
-    out = tmp_path / "node-removed"
-    max_steps = 12
-    with driver(
-        fault_cluster,
-        tiny_dataset.path,
-        out,
-        f"train.max_steps={max_steps}",
-        "scaling.max_failures=2",
-    ) as run:
-        run.wait_for_step(SAVE_INTERVAL + 2, after_checkpoint=SAVE_INTERVAL)
-        rank0, rank1 = current_group(fault_cluster, run)
-        node, other = fault_cluster.node_of(rank0), fault_cluster.node_of(rank1)
-        assert node is not None and not node.head, (rank0, node)
-        assert other is not None and other.node_id != node.node_id, "2 workers on one node"
-        injected = time.time()
-        fault_cluster.remove(node, graceful=True)
-        code = run.finish()
-        text = run.text()
-    assert code == 0, text[-4000:]
-    steps = run.steps()
-    before = [s for s in steps if s.pid == rank0]
-    after = [s for s in steps if s.pid != rank0]
-    measured = recovery(before, after)
-    assert measured.first_step_after.time > injected
-    # One restart, from a checkpoint of this run (the newest complete one: the one before the
-    # last when rank 0's node went down while copying that), not from step 0.
-    assert tensorboard_starts(out) == [1, measured.resumed_at + 1], text[-4000:]
-    assert measured.resumed_at > 0 and measured.resumed_at % SAVE_INTERVAL == 0, measured
-    assert 0 <= measured.redone <= 2 * SAVE_INTERVAL, measured
-    assert f"resumed from {out / f'checkpoint_{measured.resumed_at:06d}'}" in text, text[-4000:]
-    assert max(s.step for s in after) == max_steps
-    assert assert_checkpoints_intact(out) == list(
-        range(SAVE_INTERVAL, max_steps + 1, SAVE_INTERVAL)
-    )
-    # The loss history went back to the resumed checkpoint's, then grew: one entry per trained
-    # sample (history lost in the restart would count fewer, a stale actor's more).
-    assert recorded_losses(out / f"checkpoint_{max_steps:06d}") == max_steps * GLOBAL_BATCH
-    new_workers = {fault_cluster.node_of(s.pid) for s in after} - {None}
-    assert all(n.node_id != node.node_id for n in new_workers)
-    recovery_s = measured.first_step_after.time - injected
-    print(
-        f"\nremoved node {node.node_id[:8]} (rank 0's) at step {measured.last_step_before}; "
-        f"resumed from checkpoint_{measured.resumed_at:06d}; finished at step {max_steps}; "
-        f"steps redone: {measured.redone}; recovery took {recovery_s:.1f} s"
-    )
-    report(
-        {
-            "fault": "node with rank 0 removed",
-            "resumed_from": f"checkpoint_{measured.resumed_at:06d}",
-            "steps_redone": measured.redone,
-            "recovery_s": round(recovery_s, 1),
-        }
-    )
-
-
 @dataclass
 class InterruptedRun:
     """A run stopped with Ctrl-C, then continued by the same command, during which the node of
@@ -933,7 +876,13 @@ class TruncatedThenOutOfRestarts:
     code: int
     truncated: Path  # the model.pt cut short
     size: int  # its size before
-    killed: list[tuple[int, int]]  # (pid, the last step logged) of each killed worker
+    removed: NodeInfo  # the node of the first worker group's rank 0, removed
+    removed_rank0: int  # that rank 0's pid
+    injected: float  # when the node was removed
+    restarted: dict[int, NodeInfo | None]  # the restarted group's pids and their nodes
+    restarted_rank0: int
+    restarted_checkpoint: int  # a checkpoint the restarted group wrote before its worker died
+    killed: tuple[int, int]  # (pid, the last step logged) of the killed worker
 
 
 @pytest.fixture(scope="module")
@@ -943,11 +892,13 @@ def truncated_then_out_of_restarts(
     """A copy of the interrupted run once finished (checkpoints 4 to 16) whose newest checkpoint
     is cut short on disk, run again with ``train.max_steps=40 scaling.max_failures=1``: the
     driver resumes past the truncated checkpoint and trains on; once it has written checkpoint 16
-    again, a training worker is killed (the group restarts from 16), then again (out of
-    restarts). Two faults, one driver start: the truncated-checkpoint test checks the resume, the
-    out-of-restarts test the end.
+    again, the node of rank 0 (the checkpoint writer) is removed, and the group restarts on the
+    other worker node and the spare one; once that group has written a checkpoint, one of its
+    workers is killed (out of restarts). Three faults, one driver start: the truncated-checkpoint
+    test checks the first resume, the removed-node test the restart, the out-of-restarts test
+    the end.
     """
-    fault_cluster.shape(NODE_CPUS, NODE_CPUS)
+    fault_cluster.shape(NODE_CPUS, NODE_CPUS, NODE_CPUS)  # 2 workers + a spare node
     out = tmp_path_factory.mktemp("truncated") / "again"
     # copytree keeps the files' times: the run's own TensorBoard files stay the oldest.
     shutil.copytree(interrupted_run.out, out)
@@ -955,7 +906,6 @@ def truncated_then_out_of_restarts(
     model = out / f"checkpoint_{newest:06d}" / "model.pt"
     size = model.stat().st_size
     os.truncate(model, size // 2)
-    killed: list[tuple[int, int]] = []
     with driver(
         fault_cluster,
         tiny_dataset.path,
@@ -965,18 +915,39 @@ def truncated_then_out_of_restarts(
         name="again",
     ) as run:
         run.wait_for_step(newest + 1, after_checkpoint=newest)
-        for _ in range(2):
-            rank0, victim = current_group(fault_cluster, run)
-            os.kill(victim, signal.SIGKILL)
-            killed.append((victim, run.steps()[-1].step))
-            if len(killed) == 1:  # the restarted group trains a step, then loses a worker again
-                run.wait_for(
-                    lambda rank0=rank0: any(s.pid != rank0 for s in run.steps()),
-                    "the restarted worker group's first step",
-                )
+        rank0, rank1 = current_group(fault_cluster, run)
+        removed, other = fault_cluster.node_of(rank0), fault_cluster.node_of(rank1)
+        assert removed is not None and not removed.head, (rank0, removed)
+        assert other is not None and other.node_id != removed.node_id, "2 workers on one node"
+        injected = time.time()
+        fault_cluster.remove(removed, graceful=True)
+        # The restarted group writes a checkpoint of its own and trains past it.
+        restarted_checkpoint = newest + 2 * SAVE_INTERVAL
+
+        def past_its_checkpoint() -> bool:
+            return _complete(out, restarted_checkpoint) and any(
+                s.pid != rank0 and s.step > restarted_checkpoint for s in run.steps()
+            )
+
+        run.wait_for(past_its_checkpoint, f"the restarted group's step {restarted_checkpoint}")
+        restarted_rank0, victim = current_group(fault_cluster, run)
+        restarted = {pid: fault_cluster.node_of(pid) for pid in (restarted_rank0, victim)}
+        os.kill(victim, signal.SIGKILL)
+        killed = (victim, run.steps()[-1].step)
         code = run.finish()
     return TruncatedThenOutOfRestarts(
-        out=out, driver=run, code=code, truncated=model, size=size, killed=killed
+        out=out,
+        driver=run,
+        code=code,
+        truncated=model,
+        size=size,
+        removed=removed,
+        removed_rank0=rank0,
+        injected=injected,
+        restarted=restarted,
+        restarted_rank0=restarted_rank0,
+        restarted_checkpoint=restarted_checkpoint,
+        killed=killed,
     )
 
 
@@ -993,11 +964,11 @@ def test_a_truncated_checkpoint_is_never_resumed_from(truncated_then_out_of_rest
         f"skipping {newest}: not a complete checkpoint (model.pt has {size // 2} bytes, "
         f"files.json says {size})" in text
     ), text[-4000:]
-    # The first worker group resumed from the checkpoint before; only the restarted one (after
-    # the kill, once the newest had been written again, complete) from the newest.
+    # The first worker group resumed from the checkpoint before; the restarted one (after the
+    # node went, once the newest had been written again, complete) from the newest or later.
     resumed = [Path(m["path"]) for m in RESUMED.finditer(text)]
     assert resumed[0] == before, (resumed, text[-4000:])
-    assert set(resumed[1:]) <= {newest}, resumed
+    assert all(int(p.name.removeprefix("checkpoint_")) >= newest_step for p in resumed[1:])
     # [0] and [1] are the copied run's two drivers; [2] is the first writer of this one.
     assert tensorboard_starts(out)[2] == newest_step - SAVE_INTERVAL + 1
     # The skipped interval was trained again and the newest checkpoint written again, complete.
@@ -1020,9 +991,51 @@ def test_a_truncated_checkpoint_is_never_resumed_from(truncated_then_out_of_rest
     )
 
 
+def test_a_removed_node_with_a_training_worker(truncated_then_out_of_restarts):
+    """The node of rank 0 (the checkpoint writer) is removed mid-run: Ray Train restarts the
+    worker group on the remaining nodes (the spare one included) from the newest complete
+    checkpoint, and the restarted group trains on with the loss history of that checkpoint."""
+    run = truncated_then_out_of_restarts
+    out, text = run.out, run.driver.text()
+    steps = run.driver.steps()
+    before = [s for s in steps if s.pid == run.removed_rank0]
+    after = [s for s in steps if s.pid == run.restarted_rank0]
+    measured = recovery(before, after)
+    assert measured.first_step_after.time > run.injected
+    # One restart, from a checkpoint of this run (the newest complete one: the one before the
+    # last when rank 0's node went down while copying that), not from step 0.
+    assert tensorboard_starts(out)[3:] == [measured.resumed_at + 1], text[-4000:]
+    assert measured.resumed_at > 0 and measured.resumed_at % SAVE_INTERVAL == 0, measured
+    assert 0 <= measured.redone <= 2 * SAVE_INTERVAL, measured
+    assert f"resumed from {out / f'checkpoint_{measured.resumed_at:06d}'}" in text, text[-4000:]
+    # Both restarted workers ran elsewhere (their nodes were read while they ran).
+    nodes = set(run.restarted.values())
+    assert None not in nodes and run.removed not in nodes, (run.removed, run.restarted)
+    # The loss history went back to the resumed checkpoint's, then grew: one entry per trained
+    # sample (history lost in the restart would count fewer, a stale actor's more). The copied
+    # run lost some when its actor's node died, so the count is relative to the resumed one's.
+    resumed = recorded_losses(out / f"checkpoint_{measured.resumed_at:06d}")
+    written = recorded_losses(out / f"checkpoint_{run.restarted_checkpoint:06d}")
+    assert written - resumed == (run.restarted_checkpoint - measured.resumed_at) * GLOBAL_BATCH
+    recovery_s = measured.first_step_after.time - run.injected
+    print(
+        f"\nremoved node {run.removed.node_id[:8]} (rank 0's) at step "
+        f"{measured.last_step_before}; resumed from checkpoint_{measured.resumed_at:06d}; "
+        f"steps redone: {measured.redone}; recovery took {recovery_s:.1f} s"
+    )
+    report(
+        {
+            "fault": "node with rank 0 removed",
+            "resumed_from": f"checkpoint_{measured.resumed_at:06d}",
+            "steps_redone": measured.redone,
+            "recovery_s": round(recovery_s, 1),
+        }
+    )
+
+
 def test_a_run_out_of_restarts_stops_with_a_clear_message(truncated_then_out_of_restarts):
-    """With scaling.max_failures=1, a training worker killed twice ends the run: the driver
-    says the run failed after 1 restart, names its last complete checkpoint and how to continue
+    """With scaling.max_failures=1, a worker killed after the restart that a lost node took ends
+    the run: the driver says the run failed after 1 restart, names its last complete checkpoint and how to continue
     (exit code 3, no traceback), and every complete checkpoint loads."""
     from raydiff.train.checkpoint import latest_checkpoint
 
@@ -1043,13 +1056,13 @@ def test_a_run_out_of_restarts_stops_with_a_clear_message(truncated_then_out_of_
     assert not [line for line in text.splitlines() if line.startswith("Traceback")], text[-4000:]
     complete = assert_checkpoints_intact(out)
     print(
-        f"\nkilled a training worker at steps {[step for _, step in run.killed]} with "
+        f"\nkilled a training worker at step {run.killed[1]} after a restart, with "
         f"max_failures=1; the driver exited {code} naming {last.name} (checkpoints left: "
         f"{complete}):\n{error}"
     )
     report(
         {
-            "fault": "worker killed twice, max_failures=1",
+            "fault": "a second failure (worker killed), max_failures=1",
             "resumed_from": f"- (error names {last.name})",
             "exit_code": code,
         }

@@ -231,42 +231,90 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     assert not Path("s3:").exists()
 
 
-def test_a_sweep_on_s3_with_a_failing_trial_resumes_from_the_bucket(
+def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket(
     ray_cluster, tiny_dataset, s3_bucket, tmp_path
 ):
-    """A sweep into s3://: Tune's state, the trials' runs and the results files go to the
-    bucket; a failing trial is marked failed while the sweep goes on; --resume reads Tune's
-    state back from the bucket and re-runs neither the finished nor the failed trial."""
+    """``raydiff sweep --output s3://...`` of Optuna's TPE, interrupted with Ctrl-C while its
+    second trial trains: Tune's state, the trials' runs and the results files are in the
+    bucket; ``raydiff sweep --resume s3://...`` reads Tune's state (Optuna's included) back from
+    there, continues the interrupted trial from its checkpoint and does not run the finished
+    one again; the folder is then refused to a new sweep. (A failing trial, and the resume of a
+    finished sweep: test_sweep.py.)"""
     import csv
     import io
+    import signal
 
+    pytest.importorskip("optuna")
     import yaml
-    from test_sweep import _assert_nothing_left_behind, write_base, write_sweep
+    from test_sweep import _sweep_cli, _wait_for, write_base, write_sweep
 
-    from raydiff.orchestrate.sweep import resume_sweep, start_sweep
+    from raydiff.errors import UserInputError
+    from raydiff.orchestrate.sweep import start_sweep
     from raydiff.storage import as_location
     from raydiff.sweep.spec import load_sweep
 
     base = write_base(tmp_path, tiny_dataset.path)
-    # fp16 from a loss scale far too large: every step overflows, the scale halves below
-    # min_loss_scale at the second step and the run stops with an error. fp32 has no loss scale.
+    # Optuna's TPE draws the trials: its state must come back with --resume as well.
     sweep = write_sweep(
         tmp_path,
         base=str(base),
-        set={"max_steps": 4, "seed": 0, "initial_loss_scale": 1e38, "min_loss_scale": 3e37},
-        search_space={"precision": {"grid": ["fp16", "fp32"]}},
-        max_concurrent_trials=2,
+        # No validation (what this checks is resume): the objective is the training loss.
+        set={"max_steps": 12, "data.val_split": ""},
+        search_space={"lr": {"loguniform": [1e-4, 1e-2]}, "num_res_blocks": {"randint": [1, 3]}},
+        metric="loss",
+        search="optuna",
+        num_samples=2,
+        max_concurrent_trials=1,
         scheduler={"name": "none"},
     )
     uri = f"s3://{s3_bucket}/sweeps/s1"
-    outcome = start_sweep(load_sweep(sweep), output_dir=uri)
-    print(outcome.table)
-    assert not outcome.interrupted
-    assert str(outcome.results_csv) == f"{uri}/results.csv"
-    good, bad = "trials/t0001_precision-fp32", "trials/t0000_precision-fp16"
-    assert outcome.best_checkpoint == f"{uri}/{good}/checkpoint_000004"
 
-    keys = {k.removeprefix("sweeps/s1/") for k in bucket_keys(s3_bucket) if "sweeps/s1/" in k}
+    def keys() -> set[str]:
+        return {k.removeprefix("sweeps/s1/") for k in bucket_keys(s3_bucket) if "sweeps/s1/" in k}
+
+    def checkpoints(trial_prefix: str) -> list[str]:
+        return sorted(
+            k.removesuffix("/files.json")
+            for k in keys()
+            if k.startswith(f"trials/{trial_prefix}_") and k.endswith("/files.json")
+        )
+
+    first = _sweep_cli("--config", str(sweep), "--output", uri)
+    try:
+        # Interrupted while the second trial trains (the first has finished).
+        _wait_for(lambda: checkpoints("t0001"), timeout=240, what="the second trial's checkpoint")
+        finished = checkpoints("t0000")
+        assert finished and finished[-1].endswith("/checkpoint_000012"), finished
+        finished_trial = finished[-1].rsplit("/", 1)[0]
+        # A trial that starts rewrites its trial.json: the finished one must not start again.
+        started = (as_location(uri) / finished_trial / "trial.json").read_text()
+        first.send_signal(signal.SIGINT)
+        output, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    print(output)
+    assert first.returncode == 130, output
+    assert f"raydiff sweep --resume {uri}" in output
+    assert "interrupted" in output and "results.csv" not in keys()
+
+    again = _sweep_cli("--resume", uri)
+    output, _ = again.communicate(timeout=300)
+    print(output)
+    assert again.returncode == 0, output
+    rows = list(csv.DictReader(io.StringIO((as_location(uri) / "results.csv").read_text())))
+    assert [r["status"] for r in rows] == ["finished", "finished"]
+    assert [int(r["steps"]) for r in rows] == [12, 12]
+    # Optuna's trial ids are random: the numbers come from the sweep's own counter.
+    assert [r["trial"][:6] for r in rows] == ["t0000_", "t0001_"]
+    for row in rows:
+        assert 1e-4 <= float(row["lr"]) <= 1e-2 and row["num_res_blocks"] in ("1", "2")
+    # The finished trial did not run again; the interrupted one continued its own run.
+    assert (as_location(uri) / finished_trial / "trial.json").read_text() == started
+    assert f"trial {rows[0]['trial']} started" not in output
+    assert "continuing from" in output or "resumed from" in output
+
+    good = f"trials/{rows[1]['trial']}"
     assert {
         "sweep.yaml",
         "base_config.yaml",
@@ -274,25 +322,13 @@ def test_a_sweep_on_s3_with_a_failing_trial_resumes_from_the_bucket(
         "best_config.yaml",
         f"{good}/config.json",
         f"{good}/trial.json",
-        f"{good}/checkpoint_000004/model.pt",
-        f"{bad}/trial.json",
-    } <= keys, sorted(keys)
-    assert any(k.startswith(f"{good}/tensorboard/events.out.tfevents.") for k in keys)
-    assert any(k.startswith("tune/") for k in keys)  # Tune's state, what --resume reads
-    assert not Path("s3:").exists()
-    text = (as_location(uri) / "results.csv").read_text()
-    rows = {r["precision"]: r for r in csv.DictReader(io.StringIO(text))}
-    assert rows["fp16"]["status"].startswith("failed: "), rows["fp16"]
-    assert "loss scale" in rows["fp16"]["status"]
-    assert rows["fp32"]["status"] == "finished" and int(rows["fp32"]["steps"]) == 4
+        f"{good}/checkpoint_000012/model.pt",
+    } <= keys(), sorted(keys())
+    assert any(k.startswith(f"{good}/tensorboard/events.out.tfevents.") for k in keys())
+    assert any(k.startswith("tune/") for k in keys())  # Tune's state, what --resume read
     best = yaml.safe_load((as_location(uri) / "best_config.yaml").read_text())
-    assert best["train"]["precision"] == "fp32"
-    _assert_nothing_left_behind()
+    assert best["train"]["max_steps"] == 12
+    assert not Path("s3:").exists()
 
-    # A trial that starts rewrites its trial.json: neither may start again.
-    started = {t: (as_location(uri) / t / "trial.json").read_text() for t in (good, bad)}
-    again = resume_sweep(uri)
-    statuses = {r.trial: r.status for r in again.rows}
-    assert statuses["t0001_precision-fp32"] == "finished"
-    assert statuses["t0000_precision-fp16"].startswith("failed: ")
-    assert {t: (as_location(uri) / t / "trial.json").read_text() for t in started} == started
+    with pytest.raises(UserInputError, match="holds a sweep already"):
+        start_sweep(load_sweep(sweep), output_dir=uri)
