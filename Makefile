@@ -1,6 +1,6 @@
 # raydiff developer entry points. `make demo` and `make test` each set the machine up first
 # (virtualenv, pinned packages, dataset) through scripts/setup.sh.
-.PHONY: setup demo sweep test test-unit test-integration test-slow test-gpu lint format bench bench-data bench-overhead bench-startup bench-sweep bench-sampling bench-gpu bench-parity data constraints config-doc
+.PHONY: setup demo sweep test coverage test-unit test-integration test-slow test-gpu lint format bench bench-data bench-overhead bench-startup bench-sweep bench-sampling bench-gpu bench-parity data constraints config-doc
 
 
 setup:
@@ -22,13 +22,16 @@ sweep:
 # CI (CI set, as .ci/run does) with no PYTEST_ARGS every tier must select tests. Under CI a tier
 # whose tests all skipped fails as well, and so does any skip in the slow tier (tests/conftest.py).
 # The unit tier runs on every core (pytest-xdist); the other tiers share one Ray cluster and run
-# in one process. Each tier lists its 25 slowest tests: where CI's time goes. Line coverage of raydiff is
-# collected over the tiers together (pytest-cov, the pytest processes only) and printed per
-# package at the end (scripts/coverage_by_package.py; `coverage report` gives it per file).
-COV_ARGS = --cov=raydiff --cov-append --cov-report=
+# in one process. Each tier lists its 25 slowest tests: where CI's time goes. `make coverage` is
+# `make test` that also collects raydiff's line coverage over the tiers together (pytest-cov, the
+# pytest processes only) and prints it per package at the end (scripts/coverage_by_package.py;
+# `coverage report` gives it per file). `make test` does not measure: it keeps CI's time down.
+COV_ARGS =
+coverage: COV_ARGS = --cov=raydiff --cov-append --cov-report=
+coverage: test
 test:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m ruff check . && \
-	"$$py" -m coverage erase && \
+	if [ -n "$(COV_ARGS)" ]; then "$$py" -m coverage erase; fi && \
 	case "$${CI:-}" in ""|0|false|no) ci=0;; *) ci=1;; esac && \
 	ran=0 && for tier in unit integration slow; do \
 	  echo "== pytest -m $$tier"; \
@@ -39,8 +42,8 @@ test:
 	  if [ $$rc -eq 0 ]; then ran=1; elif [ $$rc -ne 5 ]; then exit $$rc; fi; \
 	done && \
 	if [ $$ran -eq 0 ]; then echo "make test: no tier selected any test" >&2; exit 5; fi && \
-	echo "== line coverage of raydiff by package (all tiers)" && \
-	"$$py" scripts/coverage_by_package.py
+	if [ -n "$(COV_ARGS)" ]; then echo "== line coverage of raydiff by package (all tiers)" && \
+	  "$$py" scripts/coverage_by_package.py; fi
 
 test-unit:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m unit -n auto $(PYTEST_ARGS)
