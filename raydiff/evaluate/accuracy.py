@@ -17,7 +17,12 @@ from raydiff.data.manifest import MANIFEST_NAME
 from raydiff.evaluate.classifier_features import classifier_accuracy, load_classifier_features
 from raydiff.evaluate.image_sources import load_labelled_images
 from raydiff.evaluate.report import add_to_tensorboard, run_checkpoint, write_json
-from raydiff.evaluate.samples_fid import check_not_the_guide, read_sampling_record, samples_location
+from raydiff.evaluate.samples_fid import (
+    check_not_the_guide,
+    read_sampling_record,
+    sampler_suffix,
+    samples_location,
+)
 from raydiff.storage import RemotePath, local_copy, resolve_location
 
 
@@ -75,6 +80,8 @@ def run_accuracy(
     sampled_run = run_checkpoint(record["checkpoint"]) if record.get("checkpoint") else None
     if sampled_run is not None:
         add_to_tensorboard(
-            sampled_run.run_dir, step=sampled_run.step, scalars={"classifier_accuracy": accuracy}
+            sampled_run.run_dir,
+            step=sampled_run.step,
+            scalars={f"classifier_accuracy{sampler_suffix(record)}": accuracy},
         )
     return AccuracyResult(summary=summary, json_path=json_path)

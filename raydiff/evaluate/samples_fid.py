@@ -10,6 +10,7 @@ gets the result in its TensorBoard. One Inception pass over each side in this pr
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,14 +99,37 @@ def run_fid(
     json_path = write_json(resolve_location(out) if out else folder / default_name, summary)
     if run is not None:
         scalars = {}
+        suffix = sampler_suffix(record)
         for name, key in TENSORBOARD_SCALARS.items():
             value = result[names[key]]
             if value is not None:  # precision/recall of 3 images or fewer
-                scalars[f"{names[key] if features else name}_{split}"] = value
+                scalars[f"{names[key] if features else name}_{split}{suffix}"] = value
         add_to_tensorboard(run.run_dir, step=run.step, scalars=scalars)
     return FidResult(
         summary=summary, json_path=json_path, tensorboard_run=run.run_dir if run else None
     )
+
+
+def sampler_suffix(record: Mapping[str, Any]) -> str:
+    """How the samples were drawn, as the suffix of their TensorBoard tags: the samples of one
+    checkpoint by several samplers or guidance scales land on its one step, each under a tag of
+    its own. "" for the full ancestral chain, unguided (and for samples with no record);
+    ``_respaced250``, ``_ddim25`` (``--use_ddim``, 25 steps), ``_ddim25_eta0.5``, ``_noclip``,
+    ``_guided4`` (classifier scale 4) otherwise, as ``bpd_SPLIT_respacedN`` names a respaced
+    bound."""
+    respacing = str(record.get("timestep_respacing") or "")
+    parts = []
+    if record.get("use_ddim"):
+        parts.append("ddim" + respacing.removeprefix("ddim"))
+        if record.get("eta"):
+            parts.append(f"eta{record['eta']:g}")
+    elif respacing:
+        parts.append(f"respaced{respacing}")
+    if record.get("clip_denoised") is False:
+        parts.append("noclip")
+    if record.get("classifier") and record.get("classifier_scale"):
+        parts.append(f"guided{record['classifier_scale']:g}")
+    return "".join(f"_{part}" for part in parts)
 
 
 def read_sampling_record(folder: Path | RemotePath) -> dict[str, Any]:

@@ -59,3 +59,66 @@ def test_samples_of_a_runs_checkpoint_default_to_its_dataset_and_reach_its_tenso
     for name in ("precision", "recall"):  # 6 samples: more than k = 3, so both are defined
         (scalar,) = events.Scalars(f"eval/{name}_train")
         assert scalar.step == 40 and scalar.value == pytest.approx(result.summary[name])
+
+
+def test_each_sampler_of_one_checkpoint_gets_tensorboard_tags_of_its_own(
+    tmp_path, tiny_prepared, monkeypatch
+):
+    """Samples of one checkpoint by 250 ancestral steps and by DDIM 25 guided at scale 4 land on
+    its one step: each under its own tags, the full chain's under the plain ones."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from raydiff.evaluate.samples_fid import run_fid, sampler_suffix
+
+    assert sampler_suffix({}) == ""
+    assert sampler_suffix({"timestep_respacing": "", "use_ddim": False}) == ""
+    assert sampler_suffix({"timestep_respacing": "250"}) == "_respaced250"
+    assert sampler_suffix({"timestep_respacing": "ddim25", "use_ddim": True}) == "_ddim25"
+    assert sampler_suffix({"timestep_respacing": "50", "use_ddim": True, "eta": 0.5}) == (
+        "_ddim50_eta0.5"
+    )
+    assert sampler_suffix({"clip_denoised": False}) == "_noclip"
+    # A scale without a classifier is not guidance (sampling.json keeps the default scale 1).
+    assert sampler_suffix({"classifier": None, "classifier_scale": 1.0}) == ""
+    assert sampler_suffix({"classifier": "c/checkpoint_000010", "classifier_scale": 4.0}) == (
+        "_guided4"
+    )
+
+    monkeypatch.setattr(fid, "load_inception", lambda path, device="cpu": TinyFeatures())
+    config = config_from_flags(
+        {"image_size": "8", "in_channels": "1", "channel_mult": "1,2", "attention_resolutions": "4"}
+    )
+    config.data.data_dir = str(tiny_prepared)
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoint_000040"
+    checkpoint.mkdir(parents=True)
+    for folder in (run, checkpoint):
+        (folder / "config.json").write_text(json.dumps(to_dict(config)))
+    rng = np.random.default_rng(0)
+    records = {
+        "plain": {},
+        "respaced": {"timestep_respacing": "250"},
+        "guided": {
+            "timestep_respacing": "ddim25",
+            "use_ddim": True,
+            "classifier": str(tmp_path / "classifier"),
+            "classifier_scale": 4.0,
+        },
+    }
+    fids = {}
+    for name, record in records.items():
+        samples = tmp_path / name
+        write_npz(rng.integers(0, 256, (6, 8, 8, 1), dtype=np.uint8), samples)
+        (samples / SAMPLING_RECORD).write_text(
+            json.dumps({"checkpoint": str(checkpoint), **record})
+        )
+        fids[name] = run_fid(samples=str(samples), reference=None, split="train").summary["fid"]
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    for name, tag in [
+        ("plain", "eval/fid_train"),
+        ("respaced", "eval/fid_train_respaced250"),
+        ("guided", "eval/fid_train_ddim25_guided4"),
+    ]:
+        (scalar,) = events.Scalars(tag)
+        assert scalar.step == 40 and scalar.value == pytest.approx(fids[name]), tag
