@@ -64,6 +64,10 @@ Command (the JSON of every figure goes to ``--output``, default under bench/resu
     python bench/training_parity.py                      # or: make bench-parity
     python bench/training_parity.py --steps 60 --seeds 0,1 --window 20 --train-images 2048 \\
         --eval-images 64 --eval-timesteps 4              # smoke run, about 3 minutes
+    python bench/training_parity.py --seeds 2 --output bench/results/parity_seed2.json
+    python bench/training_parity.py --merge bench/results/training_parity.json \
+        bench/results/parity_seed2.json --output bench/results/parity_3seeds.json
+                                                         # more seeds later, merged
 """
 
 from __future__ import annotations
@@ -689,6 +693,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--fd-reference", default=None, help="FD reference images (default: --data-dir)"
     )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="train nothing: merge the results of earlier runs that differ only in their seeds "
+        "(e.g. --seeds 0,1 and --seeds 2) into --output, and print the tables",
+    )
     parser.add_argument("--reference-root", type=Path, default=REPO / ".reference")
     parser.add_argument(
         "--output", type=Path, default=REPO / "bench" / "results" / "training_parity.json"
@@ -706,8 +717,42 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def merge_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One result of several runs of the bench (e.g. ``--seeds 0,1`` then ``--seeds 2``): their
+    runs together, the agreement summary computed again over all of them. Refused (ValueError)
+    when the runs differ in anything but the seed (the config, steps, evaluation or reference
+    code) or a (side, seed) appears twice."""
+    if not results:
+        raise ValueError("nothing to merge")
+
+    def same_setup(result: Mapping[str, Any]) -> Any:
+        config = {k: v for k, v in result["config"].items() if k != "train"}
+        train = {k: v for k, v in result["config"]["train"].items() if k != "seed"}
+        args = {k: v for k, v in result["args"].items() if k not in ("seeds", "output", "merge")}
+        return config, train, args, result["reference_sha256"], result["window_ends"]
+
+    first = same_setup(results[0])
+    for other in results[1:]:
+        if same_setup(other) != first:
+            raise ValueError("the results differ in more than their seeds: not one experiment")
+    runs = [run for result in results for run in result["runs"]]
+    keys = [(run["side"], run["seed"]) for run in runs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"a side and seed appear twice: {sorted(keys)}")
+    metrics = [m for m in ("final_loss", "val_bpd", "fd") if all(m in run for run in runs)]
+    return {**results[0], "runs": runs, "summary": summarize(runs, metrics)}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.merge:
+        merged = merge_results([json.loads(Path(f).read_text()) for f in args.merge])
+        ends = merged["window_ends"]
+        print("loss per window\n" + format_curve(merged["summary"], ends, max_rows=20))
+        print("\n" + format_table(merged["runs"], merged["summary"]))
+        args.output.write_text(json.dumps(merged, indent=1) + "\n")
+        print(f"\nwrote {args.output}")
+        return
     sys.path.insert(0, str(REPO))  # raydiff from this checkout
     import torch
     import torch.distributed

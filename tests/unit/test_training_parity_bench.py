@@ -107,3 +107,31 @@ def test_table_with_one_seed_says_there_is_no_verdict(bench) -> None:
     table = bench.format_table(records, summary)
     assert "no verdict" in table and "windows agree" not in table
     assert "0.05000 +- -" in table
+
+
+def test_merging_runs_of_other_seeds(bench) -> None:
+    def result(seeds: list[int], **config: object) -> dict:
+        runs = [
+            {"side": side, "seed": seed, "final_loss": 0.1 + seed / 100, "val_bpd": 4.0,
+             "window_losses": [0.2, 0.1]}
+            for seed in seeds
+            for side in ("ref", "raydiff")
+        ]  # fmt: skip
+        return {
+            "args": {"seeds": ",".join(map(str, seeds)), "steps": 10, "output": "x"},
+            "config": {"train": {"seed": seeds[0], "max_steps": 10}, "model": dict(config)},
+            "reference_sha256": {"a": "1"},
+            "window_ends": [5, 10],
+            "runs": runs,
+            "summary": {},
+        }
+
+    merged = bench.merge_results([result([0, 1]), result([2])])
+    assert sorted((r["side"], r["seed"]) for r in merged["runs"]) == sorted(
+        (side, seed) for seed in (0, 1, 2) for side in ("ref", "raydiff")
+    )
+    assert merged["summary"]["final_loss"]["ref"]["n"] == 3
+    with pytest.raises(ValueError, match="appear twice"):
+        bench.merge_results([result([0, 1]), result([1])])
+    with pytest.raises(ValueError, match="differ in more than their seeds"):
+        bench.merge_results([result([0]), result([1], num_channels=64)])
