@@ -26,6 +26,21 @@ def test_without_the_weights_file_the_command_names_it(tmp_path, capsys, tiny_pr
     assert INCEPTION_WEIGHTS_FILE in err and "--inception" in err
 
 
+def run_with_checkpoint(tmp_path, data_dir):
+    """A run folder with a checkpoint of step 40 (configs only) of an 8x8x1 model trained on
+    ``data_dir``: what samples' sampling.json may name."""
+    config = config_from_flags(
+        {"image_size": "8", "in_channels": "1", "channel_mult": "1,2", "attention_resolutions": "4"}
+    )
+    config.data.data_dir = str(data_dir)
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoint_000040"
+    checkpoint.mkdir(parents=True)
+    for folder in (run, checkpoint):
+        (folder / "config.json").write_text(json.dumps(to_dict(config)))
+    return run, checkpoint
+
+
 def test_samples_of_a_runs_checkpoint_default_to_its_dataset_and_reach_its_tensorboard(
     tmp_path, tiny_prepared, monkeypatch
 ):
@@ -34,15 +49,7 @@ def test_samples_of_a_runs_checkpoint_default_to_its_dataset_and_reach_its_tenso
     from raydiff.evaluate.samples_fid import run_fid
 
     monkeypatch.setattr(fid, "load_inception", lambda path, device="cpu": TinyFeatures())
-    config = config_from_flags(
-        {"image_size": "8", "in_channels": "1", "channel_mult": "1,2", "attention_resolutions": "4"}
-    )
-    config.data.data_dir = str(tiny_prepared)
-    run = tmp_path / "run"
-    checkpoint = run / "checkpoint_000040"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / "config.json").write_text(json.dumps(to_dict(config)))
-    (run / "config.json").write_text(json.dumps(to_dict(config)))
+    run, checkpoint = run_with_checkpoint(tmp_path, tiny_prepared)
     samples = tmp_path / "samples"
     rng = np.random.default_rng(0)
     write_npz(rng.integers(0, 256, (6, 8, 8, 1), dtype=np.uint8), samples)
@@ -85,15 +92,7 @@ def test_each_sampler_of_one_checkpoint_gets_tensorboard_tags_of_its_own(
     )
 
     monkeypatch.setattr(fid, "load_inception", lambda path, device="cpu": TinyFeatures())
-    config = config_from_flags(
-        {"image_size": "8", "in_channels": "1", "channel_mult": "1,2", "attention_resolutions": "4"}
-    )
-    config.data.data_dir = str(tiny_prepared)
-    run = tmp_path / "run"
-    checkpoint = run / "checkpoint_000040"
-    checkpoint.mkdir(parents=True)
-    for folder in (run, checkpoint):
-        (folder / "config.json").write_text(json.dumps(to_dict(config)))
+    run, checkpoint = run_with_checkpoint(tmp_path, tiny_prepared)
     rng = np.random.default_rng(0)
     records = {
         "plain": {},
