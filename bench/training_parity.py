@@ -65,7 +65,7 @@ Command (the JSON of every figure goes to ``--output``, default under bench/resu
     python bench/training_parity.py --steps 60 --seeds 0,1 --window 20 --train-images 2048 \\
         --eval-images 64 --eval-timesteps 4              # smoke run, about 3 minutes
     python bench/training_parity.py --seeds 2 --output bench/results/parity_seed2.json
-    python bench/training_parity.py --merge bench/results/training_parity.json \
+    python bench/training_parity.py --merge bench/results/training_parity.json \\
         bench/results/parity_seed2.json --output bench/results/parity_3seeds.json
                                                          # more seeds later, merged
 """
