@@ -13,7 +13,7 @@ from raydiff.config import DiffusionConfig, ExperimentConfig, ModelConfig
 from raydiff.core.gaussian_diffusion import LossType, ModelMeanType, ModelVarType
 from raydiff.core.respace import SpacedDiffusion, space_timesteps
 from raydiff.core.schedules import get_named_beta_schedule
-from raydiff.core.unet import EncoderUNetModel, UNetModel
+from raydiff.core.unet import EncoderUNetModel, SuperResModel, UNetModel
 
 
 class ModelAndDiffusionConfig(Protocol):
@@ -23,9 +23,12 @@ class ModelAndDiffusionConfig(Protocol):
     diffusion: DiffusionConfig
 
 
-def create_model(config: ModelConfig, *, learn_sigma: bool) -> UNetModel:
-    """The UNet described by ``config``; ``learn_sigma`` doubles its output channels."""
-    return UNetModel(
+def create_model(config: ModelConfig, *, learn_sigma: bool, super_res: bool = False) -> UNetModel:
+    """The UNet described by ``config``; ``learn_sigma`` doubles its output channels;
+    ``super_res`` makes it improved-diffusion's upsampler (``SuperResModel``: the same UNet
+    conditioned on ``low_res``, as ``sr_create_model`` builds it at ``large_size``)."""
+    network = SuperResModel if super_res else UNetModel
+    return network(
         image_size=config.image_size,
         in_channels=config.in_channels,
         model_channels=config.num_channels,

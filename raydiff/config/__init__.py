@@ -10,6 +10,7 @@ from ``raydiff.config``. Nothing here imports torch or Ray.
 
 from raydiff.config.experiment import DATA_FIELDS_DERIVED, ExperimentConfig, derive_sections
 from raydiff.config.overrides import (
+    FLAG_ALIASES,
     FLAGS_ELSEWHERE,
     apply_overrides,
     coerce,
@@ -40,6 +41,7 @@ from raydiff.config.sections import (
     Precision,
     ScalingConfig,
     ScheduleSamplerName,
+    SuperResConfig,
     TrainConfig,
     parse_int_list,
 )
@@ -49,6 +51,7 @@ __all__ = [
     "CHANNEL_MULT_BY_IMAGE_SIZE",
     "DATA_FIELDS_DERIVED",
     "FLAGS_ELSEWHERE",
+    "FLAG_ALIASES",
     "PRESETS_DIR",
     "SWEEP_PREFIX",
     "UNET_ARGUMENT_FIELDS",
@@ -62,6 +65,7 @@ __all__ = [
     "Precision",
     "ScalingConfig",
     "ScheduleSamplerName",
+    "SuperResConfig",
     "TrainConfig",
     "apply_overrides",
     "coerce",

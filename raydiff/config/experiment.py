@@ -21,6 +21,7 @@ from raydiff.config.sections import (
     ModelConfig,
     OptimConfig,
     ScalingConfig,
+    SuperResConfig,
     TrainConfig,
     invalid,
 )
@@ -44,6 +45,8 @@ class ExperimentConfig:
     """The UNet; its image size, channels and classes are the classifier's too."""
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
     """The noisy classifier, when ``train.task`` is 'classifier'."""
+    super_res: SuperResConfig = field(default_factory=SuperResConfig)
+    """The upsampler's low-resolution input, when ``train.task`` is 'super_res'."""
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     """The diffusion process and loss."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -60,6 +63,8 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         if self.train.task == "classifier":
             self._check_classifier()
+        if self.train.task == "super_res":
+            self._check_super_res()
         for data_field, source in DATA_FIELDS_DERIVED.items():
             value = _source_value(vars(self), source)
             if getattr(self.data, data_field) != value:
@@ -117,6 +122,17 @@ class ExperimentConfig:
                 True,
                 "evaluates a diffusion model's samples; a classifier's validation accuracy is "
                 "train.eval_interval's",
+            )
+
+    def _check_super_res(self) -> None:
+        """The low-resolution input is smaller than the images it is upsampled to."""
+        if self.super_res.small_size >= self.model.image_size:
+            raise invalid(
+                "super_res",
+                "small_size",
+                self.super_res.small_size,
+                f"an upsampler's input must be smaller than model.image_size="
+                f"{self.model.image_size} (its --large_size)",
             )
 
 

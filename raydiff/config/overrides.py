@@ -29,6 +29,10 @@ FLAGS_ELSEWHERE = {
 }
 """improved-/guided-diffusion flags with no field of that name, and what to use instead."""
 
+FLAG_ALIASES = {"large_size": ("model", "image_size")}
+"""improved-/guided-diffusion flags that are a field under another name: an upsampler's
+``--large_size`` is its ``image_size`` (``sr_create_model`` passes it as that)."""
+
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -149,6 +153,8 @@ def resolve_field(key: str) -> tuple[str, str]:
         raise UserInputError(f"field {key!r} exists in {owners}; say which with section.field")
     if owners:
         return owners[0], key
+    if key in FLAG_ALIASES:
+        return FLAG_ALIASES[key]
     if key in FLAGS_ELSEWHERE:
         raise UserInputError(f"{key!r} is not a config field here: {FLAGS_ELSEWHERE[key]}")
     known = sorted(n for s, names in sections.items() for n in names if _settable(s, n))

@@ -320,6 +320,21 @@ class ClassifierConfig:
         return tuple(image_size // res for res in resolutions)
 
 
+@dataclass(kw_only=True)
+class SuperResConfig:
+    """improved-diffusion's super-resolution model (``super_res_train.py``): the model section's
+    UNet at ``model.image_size`` (its ``--large_size``), conditioned on the image shrunk to
+    ``small_size`` (``F.interpolate(mode="area")`` of the batch), when ``train.task`` is
+    'super_res'."""
+
+    small_size: int = 64
+    """Side of the low-resolution input in pixels (improved-diffusion's ``--small_size``)."""
+
+    def __post_init__(self) -> None:
+        if self.small_size < 1:
+            raise invalid("super_res", "small_size", self.small_size, "must be >= 1")
+
+
 CLASSIFIER_ARGUMENT_FIELDS = {
     "model_channels": "classifier_width",
     "num_res_blocks": "classifier_depth",
@@ -384,7 +399,7 @@ class DiffusionConfig:
 
 
 Precision = Literal["fp32", "fp16", "bf16", "auto"]
-TaskName = Literal["diffusion", "classifier"]
+TaskName = Literal["diffusion", "classifier", "super_res"]
 ScheduleSamplerName = Literal["uniform", "loss-second-moment"]
 
 
@@ -450,8 +465,10 @@ class TrainConfig:
     """The training run: what is trained, batch, precision, length, intervals."""
 
     task: TaskName = "diffusion"
-    """What is trained: 'diffusion' (the model section's UNet) or 'classifier' (guided-diffusion's
-    noisy classifier of the classifier section, on the data's labels)."""
+    """What is trained: 'diffusion' (the model section's UNet), 'classifier' (guided-diffusion's
+    noisy classifier of the classifier section, on the data's labels) or 'super_res' (the model
+    section's UNet as an upsampler: ``SuperResModel``, conditioned on each image shrunk to
+    ``super_res.small_size``)."""
     batch_size: int = 64
     """Global batch size (over all workers); per-worker batches are derived from it. The one
     default that differs from improved-diffusion's (its image_train.py has 1, a per-process

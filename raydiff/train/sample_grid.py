@@ -42,14 +42,16 @@ def draw_samples(
     image_shape: tuple[int, int, int],
     seed: int,
     num_classes: int | None,
+    model_kwargs: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """DDIM samples ``[N, C, H, W]`` of ``model`` as it is (the loop loads the EMA weights
     first); a fixed seed makes grids comparable over a run. Class-conditional models get the
-    classes in turn."""
+    classes in turn, unless ``model_kwargs`` (tensors on the model's device: an upsampler's
+    ``low_res``) gives ``y``."""
     generator = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
-    kwargs = {}
-    if num_classes:
+    kwargs = dict(model_kwargs or {})
+    if num_classes and "y" not in kwargs:
         kwargs["y"] = (torch.arange(num_samples) % num_classes).to(device)
     return diffusion.ddim_sample_loop(
         model,

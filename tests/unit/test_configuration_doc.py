@@ -54,6 +54,7 @@ def test_every_field_of_every_section_is_documented(doc: str) -> None:
     assert set(SECTIONS) == {
         "model",
         "classifier",
+        "super_res",
         "diffusion",
         "optim",
         "train",

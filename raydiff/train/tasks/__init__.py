@@ -13,11 +13,16 @@ if TYPE_CHECKING:
 
 def task_of_config(config: ExperimentConfig, *, runtime: Runtime) -> Task:
     """The :class:`raydiff.train.task.TaskFactory` of ``train.task``: the diffusion model
-    (:mod:`.diffusion`) or the noisy classifier (:mod:`.classifier`)."""
+    (:mod:`.diffusion`), the noisy classifier (:mod:`.classifier`) or the upsampler
+    (:mod:`.super_res`)."""
     if config.train.task == "classifier":
         from raydiff.train.tasks.classifier import classifier_task
 
         return classifier_task(config, runtime=runtime)
+    if config.train.task == "super_res":
+        from raydiff.train.tasks.super_res import super_res_task
+
+        return super_res_task(config, runtime=runtime)
     from raydiff.train.tasks.diffusion import diffusion_task
 
     return diffusion_task(config, runtime=runtime)
