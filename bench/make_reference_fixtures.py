@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import io
 import json
 import math
@@ -925,6 +926,35 @@ def write_classifier_keys(out: Path) -> None:
     print(f"wrote {out}: {len(lines) - 1} keys")
 
 
+PUBLISHED_UPSAMPLERS = ("upsampler_imagenet64_256", "upsampler_imagenet128_512")
+"""raydiff's presets of guided-diffusion's published upsamplers."""
+
+
+def write_upsampler_keys(out: Path) -> None:
+    """The state-dict keys and shapes of guided-diffusion's ``sr_create_model`` with each
+    upsampler preset's flags (on the meta device), for ``tests/unit/test_presets.py``: a
+    published ``64_256_upsampler.pt`` loads strictly into raydiff's network of the preset
+    exactly when the two lists agree."""
+    import yaml
+    from guided_diffusion.script_util import sr_create_model, sr_model_and_diffusion_defaults
+
+    lines = ["# preset key shape: guided-diffusion's sr_create_model with each preset's flags"]
+    for preset in PUBLISHED_UPSAMPLERS:
+        config = yaml.safe_load(Path(f"configs/{preset}.yaml").read_text())
+        flags = {**config["model"], **config["diffusion"]}
+        args = sr_model_and_diffusion_defaults()
+        args.update({k: v for k, v in flags.items() if k in args})
+        args["large_size"] = config["model"]["image_size"]
+        args["small_size"] = config["super_res"]["small_size"]
+        model_args = inspect.signature(sr_create_model).parameters
+        with torch.device("meta"):
+            network = sr_create_model(**{k: v for k, v in args.items() if k in model_args})
+        for key, value in network.state_dict().items():
+            lines.append(f"{preset} {key} {','.join(map(str, value.shape))}")
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}: {len(lines) - 1} keys")
+
+
 def main() -> None:
     """Parse arguments, compute every fixture with the reference and write the npz."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -954,11 +984,21 @@ def main() -> None:
         help="only write the published classifiers' state-dict keys to FILE "
         "(tests/unit/fixtures/published_classifier_keys.txt)",
     )
+    parser.add_argument(
+        "--upsampler-keys",
+        type=Path,
+        metavar="FILE",
+        help="only write the published upsamplers' state-dict keys to FILE "
+        "(tests/unit/fixtures/published_upsampler_keys.txt)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # single-threaded reductions: the most reproducible summation order
     ref, guided = import_reference(args.reference_root)
     if args.classifier_keys:
         write_classifier_keys(args.classifier_keys)
+        return
+    if args.upsampler_keys:
+        write_upsampler_keys(args.upsampler_keys)
         return
 
     w = FixtureWriter()

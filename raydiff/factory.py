@@ -36,7 +36,7 @@ def create_model(config: ModelConfig, *, learn_sigma: bool, super_res: bool = Fa
         num_res_blocks=config.num_res_blocks,
         attention_resolutions=config.attention_downsample_rates(),
         dropout=config.dropout,
-        channel_mult=config.channel_mult_tuple(),
+        channel_mult=config.channel_mult_tuple(upsampler=super_res),
         num_classes=config.num_classes if config.class_cond else None,
         use_checkpoint=config.use_checkpoint,
         use_fp16=config.use_fp16,

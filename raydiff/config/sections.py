@@ -28,6 +28,9 @@ CHANNEL_MULT_BY_IMAGE_SIZE: dict[int, tuple[float, ...]] = {
     512: (0.5, 1, 1, 2, 2, 4, 4),
 }
 
+UPSAMPLER_CHANNEL_MULT_BY_IMAGE_SIZE = {**CHANNEL_MULT_BY_IMAGE_SIZE, 512: (1, 1, 2, 2, 4, 4)}
+"""guided-diffusion's ``sr_create_model`` table (by ``large_size``): the base table's but at 512."""
+
 
 def invalid(section: str, name: str, value: Any, reason: str) -> ConfigError:
     """The error for ``section.name=value``, saying why it is invalid and what would be valid."""
@@ -164,12 +167,13 @@ class ModelConfig:
                 reason = f"{bad} is not a resolution of this UNet; valid: {resolutions}"
             raise invalid("model", name, getattr(self, name), reason) from None
 
-    def channel_mult_tuple(self) -> tuple[float, ...]:
-        """The explicit channel_mult, or the image_size table's entry."""
+    def channel_mult_tuple(self, *, upsampler: bool = False) -> tuple[float, ...]:
+        """The explicit channel_mult, or the image_size table's entry (an upsampler's table,
+        guided-diffusion's ``sr_create_model``'s, with ``upsampler``)."""
         return channel_mult_of(
             self.channel_mult,
             image_size=self.image_size,
-            table=CHANNEL_MULT_BY_IMAGE_SIZE,
+            table=UPSAMPLER_CHANNEL_MULT_BY_IMAGE_SIZE if upsampler else CHANNEL_MULT_BY_IMAGE_SIZE,
             section="model",
             name="channel_mult",
         )

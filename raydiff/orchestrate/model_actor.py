@@ -41,7 +41,11 @@ class ModelActor:
 
         torch.set_num_threads(threads)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
+        model = create_model(
+            config.model,
+            learn_sigma=config.diffusion.learn_sigma,
+            super_res=config.train.task == "super_res",
+        )
         model.load_state_dict(weights, strict=True)
         if config.model.use_fp16 and self.device.type == "cuda":
             model.convert_to_fp16()  # improved-diffusion's --use_fp16: half precision on GPU only
@@ -64,11 +68,18 @@ class ModelActor:
             self.cond_fn = classifier_cond_fn(net.eval().to(self.device), scale=classifier_scale)
 
     def sample(
-        self, indices: range, labels: np.ndarray | None, options: Any
+        self,
+        indices: range,
+        labels: np.ndarray | None,
+        options: Any,
+        low_res: np.ndarray | None = None,
     ) -> tuple[int, np.ndarray]:
         """``(indices.start, uint8 [N, H, W, C] samples)`` of the samples ``indices``
-        (``labels``: the classes of all samples, or None; ``options``: a ``SampleOptions``)."""
+        (``labels``: the classes of all samples, or None; ``options``: a ``SampleOptions``;
+        ``low_res``: an upsampler's uint8 low-resolution images, sample i upsampling image
+        i % len)."""
         from raydiff.sample.generate import generate
+        from raydiff.sample.low_res import model_input_of
 
         return indices.start, generate(
             self.model,
@@ -81,6 +92,7 @@ class ModelActor:
             clip_denoised=options.clip_denoised,
             labels=labels[indices.start : indices.stop] if labels is not None else None,
             cond_fn=self.cond_fn,
+            low_res=None if low_res is None else model_input_of(low_res, indices),
         )
 
     def bpd(

@@ -25,6 +25,7 @@ from raydiff.errors import UserInputError
 from raydiff.orchestrate.model_actor import map_batches_in_order, model_actors
 from raydiff.sample.generate import index_batches, sample_labels
 from raydiff.sample.load import SamplingModel, load_sampling_model
+from raydiff.sample.low_res import LowResImages, load_low_res
 from raydiff.sample.options import SampleOptions, sampling_diffusion_config
 from raydiff.sample.outputs import write_sampling_outputs
 from raydiff.storage import RemotePath, resolve_location
@@ -65,29 +66,23 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
         weights=options.weights,
         model_flags=options.model_flags,
         config_file=options.config_file,
+        task="super_res" if options.low_res else "diffusion",
     )
     diffusion_config = sampling_diffusion_config(loaded.config, options)  # checks the respacing
-    guidance, num_classes = _guidance_and_classes(options, loaded.config)
-    # arr_1: the classes of a class-conditional model, or those a classifier guided towards.
-    labels = None
-    if num_classes:
-        labels = sample_labels(
-            options.seed,
-            range(options.num_samples),
-            num_classes=num_classes,
-            class_labels=options.class_labels,
-        )
+    low_res = load_low_res(options.low_res, config=loaded.config) if options.low_res else None
+    guidance, labels = _guidance_and_labels(options, loaded.config, low_res)
     ensure_ray(address=address, num_workers=options.num_workers, cpus_per_worker=1.0)
     quiet_ray_console()
     _log_start(options, loaded, diffusion_config, guided=guidance is not None)
     start = time.monotonic()
-    samples = _samples_on_actors(options, loaded, diffusion_config, guidance, labels)
+    samples = _samples_on_actors(options, loaded, diffusion_config, guidance, labels, low_res)
     seconds = time.monotonic() - start
     record = {
         **dataclasses.asdict(options),
         "checkpoint": str(resolve_location(options.checkpoint)),
         # Resolved, so an evaluator can be told from the network that guided the samples.
         "classifier": str(resolve_location(options.classifier)) if options.classifier else None,
+        "low_res": low_res.source if low_res else None,
     }
     npz = write_sampling_outputs(samples, out, labels=labels, record=record)
     return SampleResult(
@@ -96,6 +91,25 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
         png_dir=out / "images",
         num_samples=len(samples),
         seconds=seconds,
+    )
+
+
+def _guidance_and_labels(
+    options: SampleOptions, config: ExperimentConfig, low_res: LowResImages | None
+) -> tuple[Guidance | None, np.ndarray | None]:
+    """The guidance classifier (None without ``--classifier``) and the samples' labels, their
+    ``arr_1``: the classes of a class-conditional model, those a classifier guided towards, or
+    an upsampler's inputs' (None: unconditional and unguided)."""
+    if low_res is not None:
+        return None, low_res.labels_of(options.num_samples)
+    guidance, num_classes = _guidance_and_classes(options, config)
+    if not num_classes:
+        return guidance, None
+    return guidance, sample_labels(
+        options.seed,
+        range(options.num_samples),
+        num_classes=num_classes,
+        class_labels=options.class_labels,
     )
 
 
@@ -150,8 +164,11 @@ def _samples_on_actors(
     diffusion_config: DiffusionConfig,
     guidance: Guidance | None,
     labels: np.ndarray | None,
+    low_res: LowResImages | None,
 ) -> np.ndarray:
-    """uint8 ``[N, H, W, C]`` samples, batches spread over ``options.num_workers`` actors."""
+    """uint8 ``[N, H, W, C]`` samples, batches spread over ``options.num_workers`` actors (an
+    upsampler's low-resolution images go to the object store once)."""
+    import ray
     from tqdm.auto import tqdm
 
     with (
@@ -172,5 +189,6 @@ def _samples_on_actors(
             labels,
             options,
             progress=bar,
+            low_res=ray.put(low_res.images) if low_res is not None else None,
         )
     return np.concatenate(parts)

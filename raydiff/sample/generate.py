@@ -67,6 +67,7 @@ def generate(
     clip_denoised: bool = True,
     labels: np.ndarray | None = None,
     cond_fn: Any = None,
+    low_res: torch.Tensor | None = None,
 ) -> np.ndarray:
     """Samples ``indices`` as uint8 ``[N, H, W, C]`` (improved-diffusion's ``arr_0`` layout).
 
@@ -74,13 +75,16 @@ def generate(
     runs the DDIM loop with ``eta`` (0: deterministic given the starting noise), else ancestral
     sampling. ``labels`` (``[N]``): the classes of a class-conditional model, and the classes
     ``cond_fn`` (classifier guidance) steers towards; an unconditional model guided by a
-    classifier does not see them.
+    classifier does not see them. ``low_res`` (``[N, C, h, w]`` in [-1, 1]): an upsampler's
+    input, one per sample.
     """
     device = next(model.parameters()).device
     shape = (len(indices), *image_shape)
     kwargs: dict[str, Any] = {}
     if labels is not None:
         kwargs["y"] = torch.as_tensor(labels, device=device)
+    if low_res is not None:
+        kwargs["low_res"] = low_res.to(device)
     denoiser: Any = model
     if labels is not None and getattr(model, "num_classes", None) is None:
         # guided-diffusion's classifier_sample.py: y goes to cond_fn, not to an unconditional model.

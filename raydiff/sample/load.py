@@ -10,7 +10,13 @@ from pathlib import Path
 
 import torch
 
-from raydiff.config import ExperimentConfig, config_from_flags, from_dict, load_config
+from raydiff.config import (
+    ExperimentConfig,
+    apply_overrides,
+    config_from_flags,
+    from_dict,
+    load_config,
+)
 from raydiff.errors import UserInputError
 from raydiff.factory import create_classifier, create_model
 from raydiff.storage import RemotePath, as_location, local_copy
@@ -66,8 +72,9 @@ def load_sampling_model(
 ) -> SamplingModel:
     """The model at ``path``, in eval mode on the CPU.
 
-    ``task``: what the checkpoint must have trained (``train.task``): the diffusion model, or a
-    classifier (whose network is then the model); a checkpoint of another task is refused.
+    ``task``: what the checkpoint must have trained (``train.task``): the diffusion model, an
+    upsampler (``super_res``: a ``SuperResModel``; a published .pt's flags then describe one), or
+    a classifier (whose network is then the model); a checkpoint of another task is refused.
 
     ``path``: a raydiff ``checkpoint_NNNNNN`` folder (its ``config.json`` describes the model;
     ``weights`` picks ``model`` or ``ema_RATE``, default: the config's first EMA rate), or a
@@ -104,10 +111,16 @@ def load_sampling_model(
         config, file = _checkpoint_weights(path, weights, task)
     else:
         config, file = _published_weights(path, weights, model_flags, config_file)
+        if task == "super_res":  # a published upsampler's flags name no task
+            config = apply_overrides(config, ["train.task=super_res"])
     if task == "classifier":
         model = create_classifier(config)
     else:
-        model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
+        model = create_model(
+            config.model,
+            learn_sigma=config.diffusion.learn_sigma,
+            super_res=task == "super_res",
+        )
     load_model_weights(model, file)
     return SamplingModel(model=model.eval(), config=config, weights=file)
 
@@ -121,12 +134,7 @@ def _checkpoint_weights(
     if config.train.task != task:
         raise UserInputError(
             f"{checkpoint} is a checkpoint of train.task={config.train.task!r}, not of a "
-            f"{task} model"
-            + (
-                f" (a classifier guides sampling: raydiff sample --classifier {checkpoint})"
-                if task == "diffusion"
-                else ""
-            )
+            f"{task} model" + _task_hint(config.train.task, task, checkpoint)
         )
     choices = {"model": checkpoint / "model.pt", **ema_files(checkpoint)}
     if weights is None:
@@ -137,6 +145,20 @@ def _checkpoint_weights(
             f"--weights {weights}: {checkpoint} has no such weights; valid: {', '.join(choices)}"
         )
     return config, choices[weights]
+
+
+def _task_hint(found: str, wanted: str, checkpoint: Path) -> str:
+    """How a checkpoint of task ``found`` is used, where one of ``wanted`` was expected."""
+    if found == "classifier" and wanted == "diffusion":
+        return f" (a classifier guides sampling: raydiff sample --classifier {checkpoint})"
+    if found == "super_res" and wanted == "diffusion":
+        return (
+            " (an upsampler samples from low-resolution images: raydiff sample --checkpoint "
+            f"{checkpoint} --low-res SAMPLES.npz)"
+        )
+    if found == "diffusion" and wanted == "super_res":
+        return " (--low-res is for upsamplers, train.task=super_res)"
+    return ""
 
 
 def _published_weights(

@@ -111,6 +111,13 @@ class SampleOptions(ModelSource):
         default=1.0,
         help="guidance scale s: multiplies grad log p(y | x_t) (default: %(default)s)",
     )
+    low_res: str | None = flag(
+        "--low-res",
+        default=None,
+        help="upsamplers (train.task=super_res): the low-resolution images to upsample, a "
+        "samples_*.npz (arr_0 uint8 [N, h, w, C] at super_res.small_size; arr_1 its labels) or "
+        "a `raydiff sample` folder; sample i upsamples image i %% N",
+    )
 
     def __post_init__(self) -> None:
         for name in ("num_samples", "batch_size", "num_workers"):
@@ -124,6 +131,11 @@ class SampleOptions(ModelSource):
             raise UserInputError(
                 "--classifier-flags / --classifier-scale apply to classifier guidance: add "
                 "--classifier PATH"
+            )
+        if self.low_res and (self.classifier or self.class_labels):
+            raise UserInputError(
+                "--low-res conditions an upsampler on those images (their labels in arr_1): "
+                "--classifier and --class-labels apply to a base model"
             )
         if self.classifier_scale < 0:
             raise self._invalid("classifier_scale", "must be >= 0")

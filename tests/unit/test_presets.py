@@ -77,3 +77,23 @@ def test_published_classifier_presets_have_the_published_state_dict(preset):
     with torch.device("meta"):
         network = create_classifier(load_config(preset))
     assert {k: tuple(v.shape) for k, v in network.state_dict().items()} == expected
+
+
+@pytest.mark.parametrize("preset", ["upsampler_imagenet64_256", "upsampler_imagenet128_512"])
+def test_published_upsampler_presets_have_the_published_state_dict(preset):
+    """guided-diffusion's sr_create_model with the preset's flags (its keys and shapes written by
+    bench/make_reference_fixtures.py --upsampler-keys) and raydiff's upsampler of the preset: the
+    same state dict, so the published NN_MMM_upsampler.pt loads strictly."""
+    from raydiff.factory import create_model
+
+    fixture = Path(__file__).parent / "fixtures" / "published_upsampler_keys.txt"
+    expected = {}
+    for line in fixture.read_text().splitlines():
+        name, key, shape = line.split() if not line.startswith("#") else ("", "", "")
+        if name == preset:
+            expected[key] = tuple(int(n) for n in shape.split(","))
+    config = load_config(preset)
+    assert config.train.task == "super_res"
+    with torch.device("meta"):
+        network = create_model(config.model, learn_sigma=True, super_res=True)
+    assert {k: tuple(v.shape) for k, v in network.state_dict().items()} == expected

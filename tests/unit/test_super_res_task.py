@@ -166,3 +166,32 @@ def test_a_single_process_run_trains_an_upsampler(tiny_prepared, tmp_path):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["task"] == (
         "super_res"
     )
+
+
+def test_a_published_upsamplers_flags_build_its_preset_network():
+    """``--model-flags`` of guided-diffusion's 128 -> 512 upsampler (no channel_mult: its
+    sr_create_model table, which differs from a base model's at 512) give the network of the
+    preset whose state dict is the published one (tests/unit/test_presets.py)."""
+    from raydiff.config import load_config
+    from raydiff.factory import create_model
+    from raydiff.sample.load import parse_model_flags
+
+    flags = parse_model_flags(
+        "--attention_resolutions 32,16 --class_cond True --diffusion_steps 1000 "
+        "--large_size 512 --small_size 128 --learn_sigma True --noise_schedule linear "
+        "--num_channels 192 --num_head_channels 64 --num_res_blocks 2 --resblock_updown True "
+        "--use_fp16 True --use_scale_shift_norm True"
+    )
+    config = config_from_flags({**flags, "task": "super_res"})
+    preset = load_config("upsampler_imagenet128_512")
+    with torch.device("meta"):
+        shapes = [
+            {
+                k: v.shape
+                for k, v in create_model(c.model, learn_sigma=True, super_res=True)
+                .state_dict()
+                .items()
+            }
+            for c in (config, preset)
+        ]
+    assert shapes[0] == shapes[1]
