@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -167,3 +169,89 @@ def test_a_trained_classifier_guides_the_same_on_one_and_two_workers(
 
     np.testing.assert_array_equal(in_process(classifier_cond_fn(guide, scale=20.0)), images1)
     assert not np.array_equal(in_process(None), images1)
+
+
+def test_an_upsampler_samples_the_same_on_one_and_two_workers(ray_cluster, tmp_path):
+    """``raydiff sample --low-res``: a class-conditional upsampler (4x4 -> 16x16) upsamples the
+    images of a samples npz, sample i image i % N with its label, the same on 1 and 2 workers
+    and the same as the library's generation in one process."""
+    from tiny_model import tiny_model
+
+    from raydiff.config import ExperimentConfig, apply_overrides
+    from raydiff.factory import create_gaussian_diffusion
+    from raydiff.orchestrate.sampling import run_sampling
+    from raydiff.sample.generate import generate
+    from raydiff.sample.low_res import model_input_of
+    from raydiff.sample.options import SampleOptions
+    from raydiff.sample.outputs import write_npz
+
+    config = apply_overrides(
+        ExperimentConfig(),
+        [
+            *tiny_model(image_size=16),
+            "train.task=super_res",
+            "super_res.small_size=4",
+            "diffusion.diffusion_steps=50",
+            "model.class_cond=true",
+            "model.num_classes=3",
+        ],
+    )
+    torch.manual_seed(0)
+    net = create_model(config.model, learn_sigma=False, super_res=True)
+    with torch.no_grad():
+        for param in net.parameters():
+            if not param.any():
+                param.normal_(std=0.05)
+    upsampler = save_checkpoint(
+        tmp_path / "sr",
+        1,
+        model_state=net.state_dict(),
+        ema_states={},
+        trainer_state={"step": 1},
+        config=to_dict(config),
+    )
+    rng = np.random.default_rng(0)
+    low = rng.integers(0, 256, (5, 4, 4, 1), dtype=np.uint8)
+    base = write_npz(low, tmp_path / "base", labels=np.array([2, 0, 1, 1, 2]))
+
+    def run(workers: int):
+        options = SampleOptions(
+            checkpoint=str(upsampler),
+            weights="model",
+            num_samples=7,
+            out=str(tmp_path / f"up{workers}"),
+            timestep_respacing="ddim5",
+            use_ddim=True,
+            batch_size=3,
+            num_workers=workers,
+            seed=2,
+            low_res=str(tmp_path / "base"),  # a `raydiff sample` folder holding the npz
+        )
+        with np.load(run_sampling(options).npz) as data:
+            return data["arr_0"], data["arr_1"]
+
+    images1, labels1 = run(1)
+    images2, labels2 = run(2)
+    assert images1.shape == (7, 16, 16, 1)
+    np.testing.assert_array_equal(images1, images2)
+    np.testing.assert_array_equal(labels1, labels2)
+    np.testing.assert_array_equal(labels1, [2, 0, 1, 1, 2, 2, 0])  # image i % 5's label
+    record = json.loads((tmp_path / "up1" / "sampling.json").read_text())
+    assert record["low_res"] == str(base)
+    diffusion = create_gaussian_diffusion(
+        config.diffusion.__class__(diffusion_steps=50, timestep_respacing="ddim5")
+    )
+    in_process = [
+        generate(
+            net.eval(),
+            diffusion,
+            indices=batch,
+            image_shape=(1, 16, 16),
+            seed=2,
+            use_ddim=True,
+            labels=labels1[batch.start : batch.stop],
+            low_res=model_input_of(low, batch),
+        )
+        for batch in (range(0, 3), range(3, 6), range(6, 7))  # the actors' batches
+    ]
+    np.testing.assert_array_equal(np.concatenate(in_process), images1)

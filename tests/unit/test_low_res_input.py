@@ -72,3 +72,36 @@ def test_low_res_takes_no_classifier_or_class_labels():
         SampleOptions(**common, classifier="k")
     with pytest.raises(UserInputError, match="--low-res conditions an upsampler"):
         SampleOptions(**common, class_labels=(1,))
+
+
+def test_an_upsampler_needs_low_res_and_a_base_model_refuses_it(tmp_path):
+    """Each checkpoint is refused in one line where the other kind is expected, saying how it
+    is sampled."""
+    from tiny_model import tiny_model
+
+    from raydiff.config import ExperimentConfig, apply_overrides, to_dict
+    from raydiff.factory import create_model
+    from raydiff.sample.load import load_sampling_model
+    from raydiff.train.checkpoint import save_checkpoint
+
+    def checkpoint(name: str, *overrides: str):
+        config = apply_overrides(ExperimentConfig(), [*tiny_model(image_size=16), *overrides])
+        upsampler = config.train.task == "super_res"
+        state = create_model(config.model, learn_sigma=False, super_res=upsampler).state_dict()
+        return save_checkpoint(
+            tmp_path / name,
+            1,
+            model_state=state,
+            ema_states={},
+            trainer_state={"step": 1},
+            config=to_dict(config),
+        )
+
+    sr = checkpoint("sr", "train.task=super_res", "super_res.small_size=4")
+    base = checkpoint("base")
+    with pytest.raises(UserInputError, match=r"train.task='super_res'.*--low-res SAMPLES\.npz"):
+        load_sampling_model(sr, weights="model")
+    with pytest.raises(UserInputError, match=r"train.task='diffusion'.*--low-res is for upsam"):
+        load_sampling_model(base, weights="model", task="super_res")
+    loaded = load_sampling_model(sr, weights="model", task="super_res")
+    assert type(loaded.model).__name__ == "SuperResModel"
