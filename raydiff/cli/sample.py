@@ -26,6 +26,10 @@ def run(args: argparse.Namespace) -> int:
 
     options = options_from_args(SampleOptions, args)
     result = run_sampling(options, address=args.address)
+    if result.base is not None:
+        print(f"base model: {result.base.num_samples} samples in {result.base.seconds:.1f} s")
+        print(f"npz:    {result.base.npz}")
+        print("upsampled:")
     print(
         f"{result.num_samples} samples in {result.seconds:.1f} s "
         f"({result.samples_per_s:.2f} samples/s)"

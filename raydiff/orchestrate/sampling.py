@@ -25,8 +25,8 @@ from raydiff.errors import UserInputError
 from raydiff.orchestrate.model_actor import map_batches_in_order, model_actors
 from raydiff.sample.generate import index_batches, sample_labels
 from raydiff.sample.load import SamplingModel, load_sampling_model
-from raydiff.sample.low_res import LowResImages, load_low_res
-from raydiff.sample.options import SampleOptions, sampling_diffusion_config
+from raydiff.sample.low_res import LowResImages, check_cascade, load_low_res
+from raydiff.sample.options import SampleOptions, cascade_stages, sampling_diffusion_config
 from raydiff.sample.outputs import write_sampling_outputs
 from raydiff.storage import RemotePath, resolve_location
 
@@ -42,6 +42,8 @@ class SampleResult:
     png_dir: Path | RemotePath
     num_samples: int
     seconds: float
+    base: SampleResult | None = None
+    """A cascade's first stage (the base model's samples); None otherwise."""
 
     @property
     def samples_per_s(self) -> float:
@@ -53,21 +55,49 @@ Guidance = tuple[Any, dict[str, Any], float]
 
 
 def run_sampling(options: SampleOptions, *, address: str | None = None) -> SampleResult:
-    """Generate ``options.num_samples`` samples on ``options.num_workers`` Ray actors."""
-    from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console
-
+    """Generate ``options.num_samples`` samples on ``options.num_workers`` Ray actors (with
+    ``--upsampler``: a cascade of the base model and the upsampler, see :func:`_run_cascade`)."""
     out = resolve_location(options.out)  # a local folder, or a URI (s3://, gs://, ...)
     if out.exists() and any(out.iterdir()):
         raise UserInputError(f"--out {options.out} is not empty: choose a new folder")
+    if options.upsampler:
+        return _run_cascade(options, address=address)
     # Every check before Ray starts: the checkpoint loads (downloaded first from a URI), the
     # flags fit its keys.
-    loaded = load_sampling_model(
+    return _sample(options, _load(options), address=address)
+
+
+def _load(options: SampleOptions) -> SamplingModel:
+    """The model of ``options`` (an upsampler when it samples from ``--low-res``)."""
+    return load_sampling_model(
         options.checkpoint,
         weights=options.weights,
         model_flags=options.model_flags,
         config_file=options.config_file,
         task="super_res" if options.low_res else "diffusion",
     )
+
+
+def _run_cascade(options: SampleOptions, *, address: str | None) -> SampleResult:
+    """The base model's samples (``OUT/base``), then the upsampler's on them
+    (``OUT/upsampled``), each stage on the actors with its own steps. Both models load, and the
+    base's images are checked against the upsampler's input, before either stage starts."""
+    base_options, upsampler_options = cascade_stages(options)
+    base = _load(base_options)
+    upsampler = _load(upsampler_options)
+    sampling_diffusion_config(upsampler.config, upsampler_options)  # checks the respacing
+    _, base_classes = _guidance_and_classes(base_options, base.config)
+    check_cascade(base.config, upsampler.config, base_classes=base_classes, name=options.upsampler)
+    first = _sample(base_options, base, address=address)
+    second = _sample(upsampler_options, upsampler, address=address)
+    return dataclasses.replace(second, base=first)
+
+
+def _sample(options: SampleOptions, loaded: SamplingModel, *, address: str | None) -> SampleResult:
+    """One sampling run of the loaded model: checks, the actors, the outputs."""
+    from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console
+
+    out = resolve_location(options.out)
     diffusion_config = sampling_diffusion_config(loaded.config, options)  # checks the respacing
     low_res = load_low_res(options.low_res, config=loaded.config) if options.low_res else None
     guidance, labels = _guidance_and_labels(options, loaded.config, low_res)

@@ -157,7 +157,7 @@ def _task_hint(found: str, wanted: str, checkpoint: Path) -> str:
             f"{checkpoint} --low-res SAMPLES.npz)"
         )
     if found == "diffusion" and wanted == "super_res":
-        return " (--low-res is for upsamplers, train.task=super_res)"
+        return " (--low-res and --upsampler take upsamplers: train.task=super_res)"
     return ""
 
 

@@ -96,3 +96,34 @@ def _check_fits(
                 f"--low-res {source}: labels {bad[:5]} are not classes of the upsampler "
                 f"(0..{config.model.num_classes - 1})"
             )
+
+
+def check_cascade(
+    base: ExperimentConfig,
+    upsampler: ExperimentConfig,
+    *,
+    base_classes: int | None,
+    name: str,
+) -> None:
+    """A cascade's base model makes images the upsampler ``name`` takes (size and channels),
+    and labels for a class-conditional upsampler (``base_classes``: the number of classes the
+    base samples get labels of, None for none)."""
+    small, channels = upsampler.super_res.small_size, upsampler.model.in_channels
+    size, depth = base.model.image_size, base.model.in_channels
+    if (size, depth) != (small, channels):
+        raise UserInputError(
+            f"--upsampler {name} takes {small}x{small}x{channels} images "
+            f"(super_res.small_size={small}); the base model makes {size}x{size}x{depth}"
+        )
+    if not upsampler.model.class_cond:
+        return
+    if base_classes is None:
+        raise UserInputError(
+            f"--upsampler {name} is class-conditional: the base model's samples need labels "
+            "(a class-conditional base model, or --classifier guidance)"
+        )
+    if base_classes > upsampler.model.num_classes:
+        raise UserInputError(
+            f"--upsampler {name} has {upsampler.model.num_classes} classes; the base samples' "
+            f"labels range over {base_classes}"
+        )

@@ -111,6 +111,31 @@ class SampleOptions(ModelSource):
         default=1.0,
         help="guidance scale s: multiplies grad log p(y | x_t) (default: %(default)s)",
     )
+    upsampler: str | None = flag(
+        "--upsampler",
+        default=None,
+        help="a cascade: upsample the samples with this upsampler (a train.task=super_res "
+        "checkpoint folder, or a published .pt with --upsampler-config); each stage's npz, PNGs "
+        "and grid go to OUT/base and OUT/upsampled",
+    )
+    upsampler_weights: str | None = flag(
+        "--upsampler-weights",
+        default=None,
+        help="the upsampler checkpoint's 'model' or 'ema_RATE' (default: its first EMA rate)",
+    )
+    upsampler_config: str | None = flag(
+        "--upsampler-config",
+        default=None,
+        help="a published upsampler .pt's config: a preset (upsampler_imagenet64_256) or file",
+    )
+    upsampler_respacing: str = flag(
+        "--upsampler-respacing",
+        default="",
+        help="the upsampler's steps: '250', 'ddim25' (default: all of its own)",
+    )
+    upsampler_use_ddim: bool = flag(
+        "--upsampler-use-ddim", default=False, help="DDIM for the upsampling stage"
+    )
     low_res: str | None = flag(
         "--low-res",
         default=None,
@@ -132,6 +157,22 @@ class SampleOptions(ModelSource):
                 "--classifier-flags / --classifier-scale apply to classifier guidance: add "
                 "--classifier PATH"
             )
+        upsampler_options = (
+            self.upsampler_weights,
+            self.upsampler_config,
+            self.upsampler_respacing,
+            self.upsampler_use_ddim,
+        )
+        if not self.upsampler and any(upsampler_options):
+            raise UserInputError(
+                "--upsampler-weights / --upsampler-config / --upsampler-respacing / "
+                "--upsampler-use-ddim apply to a cascade: add --upsampler PATH"
+            )
+        if self.upsampler and self.low_res:
+            raise UserInputError(
+                "--upsampler upsamples the base model's samples; --low-res gives an upsampler "
+                "images of your own: one of them"
+            )
         if self.low_res and (self.classifier or self.class_labels):
             raise UserInputError(
                 "--low-res conditions an upsampler on those images (their labels in arr_1): "
@@ -146,6 +187,39 @@ class SampleOptions(ModelSource):
         return ConfigError(
             section=self.section, field=name, value=getattr(self, name), reason=reason
         )
+
+
+def cascade_stages(options: SampleOptions) -> tuple[SampleOptions, SampleOptions]:
+    """The two ``raydiff sample`` runs of a cascade (``--upsampler``): the base model's samples
+    into ``OUT/base``, then the upsampler on them (their labels too) into ``OUT/upsampled``,
+    each with its own steps; the seed, batch, workers and devices are shared."""
+    out = options.out.rstrip("/")
+    base = dataclasses.replace(
+        options,
+        out=f"{out}/base",
+        upsampler=None,
+        upsampler_weights=None,
+        upsampler_config=None,
+        upsampler_respacing="",
+        upsampler_use_ddim=False,
+    )
+    assert options.upsampler is not None
+    upsampled = SampleOptions(
+        checkpoint=options.upsampler,
+        weights=options.upsampler_weights,
+        config_file=options.upsampler_config,
+        num_samples=options.num_samples,
+        out=f"{out}/upsampled",
+        timestep_respacing=options.upsampler_respacing,
+        use_ddim=options.upsampler_use_ddim,
+        clip_denoised=options.clip_denoised,
+        batch_size=options.batch_size,
+        num_workers=options.num_workers,
+        use_gpu=options.use_gpu,
+        seed=options.seed,
+        low_res=base.out,
+    )
+    return base, upsampled
 
 
 def sampling_diffusion_config(config: ExperimentConfig, options: SampleOptions) -> DiffusionConfig:

@@ -175,9 +175,6 @@ def test_an_upsampler_samples_the_same_on_one_and_two_workers(ray_cluster, tmp_p
     """``raydiff sample --low-res``: a class-conditional upsampler (4x4 -> 16x16) upsamples the
     images of a samples npz, sample i image i % N with its label, the same on 1 and 2 workers
     and the same as the library's generation in one process."""
-    from tiny_model import tiny_model
-
-    from raydiff.config import ExperimentConfig, apply_overrides
     from raydiff.factory import create_gaussian_diffusion
     from raydiff.orchestrate.sampling import run_sampling
     from raydiff.sample.generate import generate
@@ -185,31 +182,15 @@ def test_an_upsampler_samples_the_same_on_one_and_two_workers(ray_cluster, tmp_p
     from raydiff.sample.options import SampleOptions
     from raydiff.sample.outputs import write_npz
 
-    config = apply_overrides(
-        ExperimentConfig(),
-        [
-            *tiny_model(image_size=16),
-            "train.task=super_res",
-            "super_res.small_size=4",
-            "diffusion.diffusion_steps=50",
-            "model.class_cond=true",
-            "model.num_classes=3",
-        ],
-    )
-    torch.manual_seed(0)
-    net = create_model(config.model, learn_sigma=False, super_res=True)
-    with torch.no_grad():
-        for param in net.parameters():
-            if not param.any():
-                param.normal_(std=0.05)
-    upsampler = save_checkpoint(
+    upsampler, config = _tiny_checkpoint(
         tmp_path / "sr",
-        1,
-        model_state=net.state_dict(),
-        ema_states={},
-        trainer_state={"step": 1},
-        config=to_dict(config),
+        "train.task=super_res",
+        "super_res.small_size=4",
+        "model.class_cond=true",
+        "model.num_classes=3",
     )
+    net = create_model(config.model, learn_sigma=False, super_res=True)
+    net.load_state_dict(torch.load(upsampler / "model.pt", weights_only=True))
     rng = np.random.default_rng(0)
     low = rng.integers(0, 256, (5, 4, 4, 1), dtype=np.uint8)
     base = write_npz(low, tmp_path / "base", labels=np.array([2, 0, 1, 1, 2]))
@@ -255,3 +236,84 @@ def test_an_upsampler_samples_the_same_on_one_and_two_workers(ray_cluster, tmp_p
         for batch in (range(0, 3), range(3, 6), range(6, 7))  # the actors' batches
     ]
     np.testing.assert_array_equal(np.concatenate(in_process), images1)
+
+
+def _tiny_checkpoint(folder, *overrides: str):
+    """A checkpoint of the tiny UNet (an upsampler with ``train.task=super_res``) whose layers
+    are all non-zero, and its config."""
+    from tiny_model import tiny_model
+
+    from raydiff.config import ExperimentConfig, apply_overrides
+
+    config = apply_overrides(
+        ExperimentConfig(), [*tiny_model(), "diffusion.diffusion_steps=50", *overrides]
+    )
+    torch.manual_seed(0)
+    net = create_model(config.model, learn_sigma=False, super_res=config.train.task == "super_res")
+    with torch.no_grad():
+        for param in net.parameters():
+            if not param.any():
+                param.normal_(std=0.05)
+    path = save_checkpoint(
+        folder,
+        1,
+        model_state=net.state_dict(),
+        ema_states={},
+        trainer_state={"step": 1},
+        config=to_dict(config),
+    )
+    return path, config
+
+
+def test_a_cascade_upsamples_the_base_models_samples_in_one_command(ray_cluster, tmp_path):
+    """``--upsampler``: a class-conditional 4x4 base model, then a class-conditional 4x4 ->
+    16x16 upsampler on its samples and labels, each stage with its own steps; the second stage
+    is what ``--low-res`` on the first stage's folder gives. A base model as the upsampler is
+    refused before anything starts."""
+    from raydiff.errors import UserInputError
+    from raydiff.orchestrate.sampling import run_sampling
+    from raydiff.sample.options import SampleOptions
+
+    classes = ("model.class_cond=true", "model.num_classes=3")
+    base, _ = _tiny_checkpoint(tmp_path / "base", "model.image_size=4", *classes)
+    upsampler, _ = _tiny_checkpoint(
+        tmp_path / "sr", "train.task=super_res", "super_res.small_size=4", *classes
+    )
+    common = {"weights": "model", "num_samples": 5, "batch_size": 3, "seed": 1}
+    result = run_sampling(
+        SampleOptions(
+            checkpoint=str(base),
+            out=str(tmp_path / "cascade"),
+            timestep_respacing="ddim4",
+            use_ddim=True,
+            upsampler=str(upsampler),
+            upsampler_weights="model",
+            upsampler_respacing="5",
+            **common,
+        )
+    )
+    assert result.base is not None and result.base.npz.parent == tmp_path / "cascade" / "base"
+    assert result.npz == tmp_path / "cascade" / "upsampled" / "samples_5x16x16x1.npz"
+    with np.load(result.base.npz) as low, np.load(result.npz) as high:
+        assert low["arr_0"].shape == (5, 4, 4, 1)
+        np.testing.assert_array_equal(low["arr_1"], high["arr_1"])  # the labels carried on
+        upsampled = high["arr_0"]
+    direct = run_sampling(
+        SampleOptions(
+            checkpoint=str(upsampler),
+            out=str(tmp_path / "direct"),
+            timestep_respacing="5",
+            low_res=str(tmp_path / "cascade" / "base"),
+            **common,
+        )
+    )
+    with np.load(direct.npz) as data:
+        np.testing.assert_array_equal(data["arr_0"], upsampled)
+
+    with pytest.raises(UserInputError, match=r"train.task='diffusion'.*take upsamplers"):
+        run_sampling(
+            SampleOptions(
+                checkpoint=str(base), out=str(tmp_path / "no"), upsampler=str(base), **common
+            )
+        )
+    assert not (tmp_path / "no").exists()

@@ -101,7 +101,58 @@ def test_an_upsampler_needs_low_res_and_a_base_model_refuses_it(tmp_path):
     base = checkpoint("base")
     with pytest.raises(UserInputError, match=r"train.task='super_res'.*--low-res SAMPLES\.npz"):
         load_sampling_model(sr, weights="model")
-    with pytest.raises(UserInputError, match=r"train.task='diffusion'.*--low-res is for upsam"):
+    with pytest.raises(UserInputError, match=r"train.task=.diffusion.*--upsampler take upsamplers"):
         load_sampling_model(base, weights="model", task="super_res")
     loaded = load_sampling_model(sr, weights="model", task="super_res")
     assert type(loaded.model).__name__ == "SuperResModel"
+
+
+def test_a_cascade_is_two_sampling_runs_with_their_own_steps():
+    from raydiff.sample.options import cascade_stages
+
+    options = SampleOptions(
+        checkpoint="base/checkpoint_000010",
+        num_samples=6,
+        out="out/",
+        timestep_respacing="ddim25",
+        use_ddim=True,
+        class_labels=(1, 2),
+        seed=4,
+        num_workers=2,
+        upsampler="sr/checkpoint_000020",
+        upsampler_respacing="100",
+    )
+    base, upsampled = cascade_stages(options)
+    assert (base.out, base.upsampler, base.timestep_respacing) == ("out/base", None, "ddim25")
+    assert base.class_labels == (1, 2) and base.use_ddim
+    assert upsampled.checkpoint == "sr/checkpoint_000020" and upsampled.low_res == "out/base"
+    assert (upsampled.out, upsampled.timestep_respacing) == ("out/upsampled", "100")
+    assert not upsampled.use_ddim and upsampled.class_labels == ()
+    assert (upsampled.seed, upsampled.num_workers, upsampled.num_samples) == (4, 2, 6)
+    with pytest.raises(UserInputError, match="apply to a cascade: add --upsampler"):
+        SampleOptions(checkpoint="c", num_samples=1, out="o", upsampler_respacing="10")
+    with pytest.raises(UserInputError, match="--low-res gives an upsampler images of your own"):
+        SampleOptions(checkpoint="c", num_samples=1, out="o", upsampler="u", low_res="x.npz")
+
+
+def test_a_cascade_whose_base_does_not_fit_the_upsampler_is_refused():
+    from raydiff.sample.low_res import check_cascade
+
+    sr = upsampler()  # 4x4x1 -> 16x16
+    check_cascade(config_from_flags({"image_size": 4, "in_channels": 1, "channel_mult": "1,2",
+                                     "attention_resolutions": ""}), sr, base_classes=None,
+                  name="sr")  # fmt: skip
+    big = config_from_flags(
+        {"image_size": 8, "in_channels": 1, "channel_mult": "1,2", "attention_resolutions": ""}
+    )
+    with pytest.raises(UserInputError, match=r"--upsampler sr takes 4x4x1 .*makes 8x8x1"):
+        check_cascade(big, sr, base_classes=None, name="sr")
+    small = config_from_flags(
+        {"image_size": 4, "in_channels": 1, "channel_mult": "1,2", "attention_resolutions": ""}
+    )
+    conditional = upsampler(class_cond=True, num_classes=3)
+    with pytest.raises(UserInputError, match=r"class-conditional: the base model's samples"):
+        check_cascade(small, conditional, base_classes=None, name="sr")
+    with pytest.raises(UserInputError, match=r"has 3 classes; the base samples' labels range"):
+        check_cascade(small, conditional, base_classes=10, name="sr")
+    check_cascade(small, conditional, base_classes=3, name="sr")
