@@ -41,14 +41,20 @@ def image_bpd_terms(
     seed: int,
     labels: torch.Tensor | None = None,
     clip_denoised: bool = True,
+    low_res_size: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Every term of the bound for ``images`` (float ``[N, C, H, W]`` in [-1, 1], the dataset's
     images ``indices``), as float64 numpy arrays: ``total_bpd``/``prior_bpd`` ``[N]``,
-    ``vb``/``xstart_mse``/``mse`` ``[N, T]``."""
+    ``vb``/``xstart_mse``/``mse`` ``[N, T]``. ``low_res_size``: an upsampler's bound, each image
+    given itself shrunk to that size (as its training made its input)."""
     if len(indices) != images.shape[0]:
         raise ValueError(f"{len(indices)} indices for {images.shape[0]} images")
     device = next(model.parameters()).device
     kwargs = {"y": labels.to(device)} if labels is not None else {}
+    if low_res_size is not None:
+        from raydiff.train.tasks.super_res import low_res_of
+
+        kwargs["low_res"] = low_res_of(images, low_res_size).to(device)
     terms = diffusion.calc_bpd_loop(
         model,
         images.to(device),

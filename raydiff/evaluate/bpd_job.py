@@ -64,6 +64,7 @@ def prepare_bpd(options: BpdOptions) -> BpdJob:
         weights=options.weights,
         model_flags=options.model_flags,
         config_file=options.config_file,
+        or_task="super_res",  # an upsampler's bound: each image given its low-resolution self
     )
     diffusion_config = dataclasses.replace(
         loaded.config.diffusion,

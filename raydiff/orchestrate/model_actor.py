@@ -50,6 +50,8 @@ class ModelActor:
         if config.model.use_fp16 and self.device.type == "cuda":
             model.convert_to_fp16()  # improved-diffusion's --use_fp16: half precision on GPU only
         self.model = model.eval().to(self.device)
+        upsampler = config.train.task == "super_res"
+        self.low_res_size = config.super_res.small_size if upsampler else None
         self.diffusion = create_gaussian_diffusion(diffusion_config)
         self.image_shape = (
             config.model.in_channels,
@@ -121,6 +123,7 @@ class ModelActor:
             if labels is not None
             else None,
             clip_denoised=clip_denoised,
+            low_res_size=self.low_res_size,
         )
 
 

@@ -69,12 +69,15 @@ def load_sampling_model(
     model_flags: str | None = None,
     config_file: str | None = None,
     task: str = "diffusion",
+    or_task: str | None = None,
 ) -> SamplingModel:
     """The model at ``path``, in eval mode on the CPU.
 
     ``task``: what the checkpoint must have trained (``train.task``): the diffusion model, an
     upsampler (``super_res``: a ``SuperResModel``; a published .pt's flags then describe one), or
     a classifier (whose network is then the model); a checkpoint of another task is refused.
+    ``or_task``: a second task accepted from a raydiff checkpoint (``raydiff evaluate bpd``
+    takes a diffusion model or an upsampler); the checkpoint's own then decides.
 
     ``path``: a raydiff ``checkpoint_NNNNNN`` folder (its ``config.json`` describes the model;
     ``weights`` picks ``model`` or ``ema_RATE``, default: the config's first EMA rate), or a
@@ -93,6 +96,7 @@ def load_sampling_model(
                     model_flags=model_flags,
                     config_file=config_file,
                     task=task,
+                    or_task=or_task,
                 )
             except UserInputError as error:  # name the URI, not the temporary download
                 message = str(error)
@@ -108,11 +112,15 @@ def load_sampling_model(
                 f"{path} is a raydiff checkpoint: its config.json describes the model "
                 f"(--model-flags / --config are for published .pt files)"
             )
+        if or_task is not None and _checkpoint_task(path) == or_task:
+            task = or_task
         config, file = _checkpoint_weights(path, weights, task)
     else:
         config, file = _published_weights(path, weights, model_flags, config_file)
         if task == "super_res":  # a published upsampler's flags name no task
             config = apply_overrides(config, ["train.task=super_res"])
+        elif or_task is not None and config.train.task == or_task:
+            task = or_task  # its config file or flags (--task super_res) say which
     if task == "classifier":
         model = create_classifier(config)
     else:
@@ -123,6 +131,14 @@ def load_sampling_model(
         )
     load_model_weights(model, file)
     return SamplingModel(model=model.eval(), config=config, weights=file)
+
+
+def _checkpoint_task(path: Path) -> str:
+    """The ``train.task`` of a raydiff checkpoint folder ("" without a readable config)."""
+    try:
+        return str(json.loads((path / "config.json").read_text())["train"]["task"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def _checkpoint_weights(

@@ -195,3 +195,59 @@ def test_a_published_upsamplers_flags_build_its_preset_network():
             for c in (config, preset)
         ]
     assert shapes[0] == shapes[1]
+
+
+def test_evaluate_bpd_takes_an_upsampler_and_gives_its_bound_given_low_res(tiny_prepared, tmp_path):
+    """``raydiff evaluate bpd`` of an upsampler checkpoint: each image's bound given itself
+    shrunk to ``small_size`` (the actors' ``image_bpd_terms(low_res_size=...)``), which another
+    image's input changes."""
+    from raydiff.config import to_dict
+    from raydiff.evaluate.bpd import bpd_generators, image_bpd_terms
+    from raydiff.evaluate.bpd_job import prepare_bpd
+    from raydiff.evaluate.options import BpdOptions
+    from raydiff.factory import create_gaussian_diffusion, create_model
+    from raydiff.train.checkpoint import save_checkpoint
+
+    config = apply_overrides(sr_config(image_size=8), [f"data.data_dir={tiny_prepared}"])
+    torch.manual_seed(0)
+    net = create_model(config.model, learn_sigma=False, super_res=True)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    checkpoint = save_checkpoint(
+        tmp_path / "run",
+        1,
+        model_state=net.state_dict(),
+        ema_states={},
+        trainer_state={"step": 1},
+        config=to_dict(config),
+    )
+    job = prepare_bpd(
+        BpdOptions(
+            checkpoint=str(checkpoint),
+            weights="model",
+            split="val",
+            num_images=2,
+            timestep_respacing="5",
+            out=str(tmp_path / "bpd"),
+        )
+    )
+    assert isinstance(job.loaded.model, SuperResModel)
+    diffusion = create_gaussian_diffusion(job.diffusion_config)
+    x = torch.tensor(job.images)
+    terms = image_bpd_terms(
+        job.loaded.model, diffusion, images=x, indices=range(2), seed=0, low_res_size=4
+    )
+
+    def bound(low_res: torch.Tensor) -> np.ndarray:
+        with torch.no_grad():
+            out = diffusion.calc_bpd_loop(
+                job.loaded.model,
+                x,
+                model_kwargs={"low_res": low_res},
+                generator=bpd_generators(0, range(2)),
+            )
+        return out["total_bpd"].double().numpy()
+
+    np.testing.assert_array_equal(terms["total_bpd"], bound(low_res_of(x, 4)))
+    assert not np.array_equal(terms["total_bpd"], bound(low_res_of(x.roll(1, dims=0), 4)))
