@@ -171,73 +171,6 @@ def test_a_trained_classifier_guides_the_same_on_one_and_two_workers(
     assert not np.array_equal(in_process(None), images1)
 
 
-def test_an_upsampler_samples_the_same_on_one_and_two_workers(ray_cluster, tmp_path):
-    """``raydiff sample --low-res``: a class-conditional upsampler (4x4 -> 16x16) upsamples the
-    images of a samples npz, sample i image i % N with its label, the same on 1 and 2 workers
-    and the same as the library's generation in one process."""
-    from raydiff.factory import create_gaussian_diffusion
-    from raydiff.orchestrate.sampling import run_sampling
-    from raydiff.sample.generate import generate
-    from raydiff.sample.low_res import model_input_of
-    from raydiff.sample.options import SampleOptions
-    from raydiff.sample.outputs import write_npz
-
-    upsampler, config = _tiny_checkpoint(
-        tmp_path / "sr",
-        "train.task=super_res",
-        "super_res.small_size=4",
-        "model.class_cond=true",
-        "model.num_classes=3",
-    )
-    net = create_model(config.model, learn_sigma=False, super_res=True)
-    net.load_state_dict(torch.load(upsampler / "model.pt", weights_only=True))
-    rng = np.random.default_rng(0)
-    low = rng.integers(0, 256, (5, 4, 4, 1), dtype=np.uint8)
-    base = write_npz(low, tmp_path / "base", labels=np.array([2, 0, 1, 1, 2]))
-
-    def run(workers: int):
-        options = SampleOptions(
-            checkpoint=str(upsampler),
-            weights="model",
-            num_samples=7,
-            out=str(tmp_path / f"up{workers}"),
-            timestep_respacing="ddim5",
-            use_ddim=True,
-            batch_size=3,
-            num_workers=workers,
-            seed=2,
-            low_res=str(tmp_path / "base"),  # a `raydiff sample` folder holding the npz
-        )
-        with np.load(run_sampling(options).npz) as data:
-            return data["arr_0"], data["arr_1"]
-
-    images1, labels1 = run(1)
-    images2, labels2 = run(2)
-    assert images1.shape == (7, 16, 16, 1)
-    np.testing.assert_array_equal(images1, images2)
-    np.testing.assert_array_equal(labels1, labels2)
-    np.testing.assert_array_equal(labels1, [2, 0, 1, 1, 2, 2, 0])  # image i % 5's label
-    record = json.loads((tmp_path / "up1" / "sampling.json").read_text())
-    assert record["low_res"] == str(base)
-    diffusion = create_gaussian_diffusion(
-        config.diffusion.__class__(diffusion_steps=50, timestep_respacing="ddim5")
-    )
-    in_process = [
-        generate(
-            net.eval(),
-            diffusion,
-            indices=batch,
-            image_shape=(1, 16, 16),
-            seed=2,
-            use_ddim=True,
-            labels=labels1[batch.start : batch.stop],
-            low_res=model_input_of(low, batch),
-        )
-        for batch in (range(0, 3), range(3, 6), range(6, 7))  # the actors' batches
-    ]
-    np.testing.assert_array_equal(np.concatenate(in_process), images1)
-
-
 def _tiny_checkpoint(folder, *overrides: str):
     """A checkpoint of the tiny UNet (an upsampler with ``train.task=super_res``) whose layers
     are all non-zero, and its config."""
@@ -265,24 +198,29 @@ def _tiny_checkpoint(folder, *overrides: str):
     return path, config
 
 
-def test_a_cascade_upsamples_the_base_models_samples_in_one_command(ray_cluster, tmp_path):
+def test_a_cascade_and_low_res_upsample_the_same_on_one_and_two_workers(ray_cluster, tmp_path):
     """``--upsampler``: a class-conditional 4x4 base model, then a class-conditional 4x4 ->
-    16x16 upsampler on its samples and labels, each stage with its own steps; the second stage
-    is what ``--low-res`` on the first stage's folder gives. A base model as the upsampler is
-    refused before anything starts."""
+    16x16 upsampler on its samples and labels, each stage with its own steps, on one worker.
+    ``--low-res`` on the first stage's folder, on two workers, gives the second stage's images
+    again, and so does the library's generation in one process (sample i upsamples image i % N:
+    7 samples of 5 images). A base model as the upsampler is refused before anything starts."""
     from raydiff.errors import UserInputError
+    from raydiff.factory import create_gaussian_diffusion
     from raydiff.orchestrate.sampling import run_sampling
+    from raydiff.sample.generate import generate
+    from raydiff.sample.low_res import model_input_of
     from raydiff.sample.options import SampleOptions
 
     classes = ("model.class_cond=true", "model.num_classes=3")
     base, _ = _tiny_checkpoint(tmp_path / "base", "model.image_size=4", *classes)
-    upsampler, _ = _tiny_checkpoint(
+    upsampler, config = _tiny_checkpoint(
         tmp_path / "sr", "train.task=super_res", "super_res.small_size=4", *classes
     )
-    common = {"weights": "model", "num_samples": 5, "batch_size": 3, "seed": 1}
+    common = {"weights": "model", "batch_size": 3, "seed": 1}
     result = run_sampling(
         SampleOptions(
             checkpoint=str(base),
+            num_samples=5,
             out=str(tmp_path / "cascade"),
             timestep_respacing="ddim4",
             use_ddim=True,
@@ -295,25 +233,54 @@ def test_a_cascade_upsamples_the_base_models_samples_in_one_command(ray_cluster,
     assert result.base is not None and result.base.npz.parent == tmp_path / "cascade" / "base"
     assert result.npz == tmp_path / "cascade" / "upsampled" / "samples_5x16x16x1.npz"
     with np.load(result.base.npz) as low, np.load(result.npz) as high:
-        assert low["arr_0"].shape == (5, 4, 4, 1)
-        np.testing.assert_array_equal(low["arr_1"], high["arr_1"])  # the labels carried on
+        low_images, low_labels = low["arr_0"], low["arr_1"]
+        assert low_images.shape == (5, 4, 4, 1)
+        np.testing.assert_array_equal(low_labels, high["arr_1"])  # the labels carried on
         upsampled = high["arr_0"]
     direct = run_sampling(
         SampleOptions(
             checkpoint=str(upsampler),
+            num_samples=7,
             out=str(tmp_path / "direct"),
             timestep_respacing="5",
-            low_res=str(tmp_path / "cascade" / "base"),
+            num_workers=2,
+            low_res=str(tmp_path / "cascade" / "base"),  # a `raydiff sample` folder
             **common,
         )
     )
     with np.load(direct.npz) as data:
-        np.testing.assert_array_equal(data["arr_0"], upsampled)
+        np.testing.assert_array_equal(data["arr_0"][:5], upsampled)
+        np.testing.assert_array_equal(data["arr_1"], low_labels[np.arange(7) % 5])
+        two_workers = data["arr_0"]
+    record = json.loads((tmp_path / "direct" / "sampling.json").read_text())
+    assert record["low_res"] == str(result.base.npz)
+    net = create_model(config.model, learn_sigma=False, super_res=True)
+    net.load_state_dict(torch.load(upsampler / "model.pt", weights_only=True))
+    diffusion = create_gaussian_diffusion(
+        config.diffusion.__class__(diffusion_steps=50, timestep_respacing="5")
+    )
+    in_process = [
+        generate(
+            net.eval(),
+            diffusion,
+            indices=batch,
+            image_shape=(1, 16, 16),
+            seed=1,
+            labels=low_labels[np.arange(batch.start, batch.stop) % 5],
+            low_res=model_input_of(low_images, batch),
+        )
+        for batch in (range(0, 3), range(3, 6), range(6, 7))  # the actors' batches
+    ]
+    np.testing.assert_array_equal(np.concatenate(in_process), two_workers)
 
     with pytest.raises(UserInputError, match=r"train.task='diffusion'.*take upsamplers"):
         run_sampling(
             SampleOptions(
-                checkpoint=str(base), out=str(tmp_path / "no"), upsampler=str(base), **common
+                checkpoint=str(base),
+                num_samples=5,
+                out=str(tmp_path / "no"),
+                upsampler=str(base),
+                **common,
             )
         )
     assert not (tmp_path / "no").exists()
