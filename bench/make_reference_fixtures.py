@@ -955,6 +955,53 @@ def write_upsampler_keys(out: Path) -> None:
     print(f"wrote {out}: {len(lines) - 1} keys")
 
 
+def write_super_res_inputs(out: Path, root: Path) -> None:
+    """improved-diffusion's ``load_superres_data`` (scripts/super_res_train.py: its own
+    ``load_data`` of PNG files, then ``F.interpolate(mode="area")``) on 6 seeded RGB 16x16
+    images, for ``tests/unit/test_super_res_inputs.py``: ``images`` uint8 ``[N, 16, 16, 3]``
+    (file ``i`` is image ``i``), and the reference's ``large`` float32 ``[N, 3, 16, 16]`` and
+    ``low_res`` float32 ``[N, 3, 4, 4]`` of each, in the images' order (its loader shuffles; each
+    batch row is matched to its image)."""
+    import importlib.util
+    import os
+    import tempfile
+
+    from PIL import Image
+
+    sys.path.insert(0, str(root / "improved-diffusion"))
+    if importlib.util.find_spec("mpi4py") is None:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from gpu_step import _one_process_mpi
+
+        sys.modules["mpi4py"], sys.modules["mpi4py.MPI"] = _one_process_mpi()
+    if importlib.util.find_spec("blobfile") is None:  # the local-file calls load_data makes
+        bf = types.ModuleType("blobfile")
+        bf.listdir, bf.join, bf.isdir = os.listdir, os.path.join, os.path.isdir
+        bf.basename, bf.BlobFile = os.path.basename, open
+        sys.modules["blobfile"] = bf
+    script = root / "improved-diffusion" / "scripts" / "super_res_train.py"
+    spec = importlib.util.spec_from_file_location("super_res_train", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    images = np.random.default_rng(0).integers(0, 256, (6, 16, 16, 3), dtype=np.uint8)
+    with tempfile.TemporaryDirectory() as folder:
+        for i, image in enumerate(images):
+            Image.fromarray(image).save(os.path.join(folder, f"image_{i:02d}.png"))
+        torch.manual_seed(0)
+        data = module.load_superres_data(folder, len(images), large_size=16, small_size=4)
+        large, kwargs = next(data)
+    expected = torch.from_numpy(images.astype(np.float32) / 127.5 - 1).permute(0, 3, 1, 2)
+    order = [int((large - e).abs().flatten(1).sum(1).argmin()) for e in expected]
+    assert sorted(order) == list(range(len(images))), order
+    np.savez(
+        out,
+        images=images,
+        large=large[order].numpy(),
+        low_res=kwargs["low_res"][order].numpy(),
+    )
+    print(f"wrote {out}: {len(images)} images, 16x16 -> 4x4")
+
+
 def main() -> None:
     """Parse arguments, compute every fixture with the reference and write the npz."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -991,6 +1038,13 @@ def main() -> None:
         help="only write the published upsamplers' state-dict keys to FILE "
         "(tests/unit/fixtures/published_upsampler_keys.txt)",
     )
+    parser.add_argument(
+        "--super-res-inputs",
+        type=Path,
+        metavar="FILE",
+        help="only write improved-diffusion's super-resolution inputs of seeded images to FILE "
+        "(tests/unit/fixtures/super_res_inputs.npz)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # single-threaded reductions: the most reproducible summation order
     ref, guided = import_reference(args.reference_root)
@@ -999,6 +1053,9 @@ def main() -> None:
         return
     if args.upsampler_keys:
         write_upsampler_keys(args.upsampler_keys)
+        return
+    if args.super_res_inputs:
+        write_super_res_inputs(args.super_res_inputs, args.reference_root)
         return
 
     w = FixtureWriter()
