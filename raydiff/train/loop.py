@@ -240,7 +240,9 @@ class TrainingLoop:
                 self.raw_model, seed=derive_seed(self.train.seed, "sample-grid")
             )
         if images is not None:
-            self.files.write_preview(images, step=self.trainer.step)
+            self.files.write_preview(
+                images, step=self.trainer.step, columns=self.task.preview_columns
+            )
 
     # ------------------------------------------------------------------ checkpoint
 

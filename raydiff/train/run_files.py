@@ -69,9 +69,14 @@ class RunFiles:
         if sampler_weights is not None:
             self.writer.add_histogram("sampler/weights", torch.from_numpy(sampler_weights), step)
 
-    def write_preview(self, images: torch.Tensor, *, step: int) -> None:
-        """``samples/samples_NNNNNN.png`` and the TensorBoard images of ``step``."""
-        path = save_grid(images, self.files.local / "samples" / f"samples_{step:06d}.png")
+    def write_preview(self, images: torch.Tensor, *, step: int, columns: int | None = None) -> None:
+        """``samples/samples_NNNNNN.png`` (``columns`` wide; default about sqrt(N)) and the
+        TensorBoard images of ``step``."""
+        path = save_grid(
+            images,
+            self.files.local / "samples" / f"samples_{step:06d}.png",
+            columns=columns,
+        )
         self.writer.add_images("samples/ema", (images.clamp(-1, 1) + 1) / 2, step)
         logger.info("wrote sample grid %s", self.files.publish(path))
 

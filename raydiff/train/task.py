@@ -45,6 +45,9 @@ class Task(Protocol):
     diffusion: GaussianDiffusion
     """The noise process: the timestep sampler draws from its ``num_timesteps``."""
 
+    preview_columns: int | None
+    """Columns of the preview grid (None: about the square root of the image count)."""
+
     def losses(
         self, model: torch.nn.Module, batch: Batch, t: torch.Tensor
     ) -> dict[str, torch.Tensor]:

@@ -12,7 +12,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+from PIL import Image
 from tiny_model import tiny_model
 
 from raydiff.config import ExperimentConfig, apply_overrides, from_dict, to_dict
@@ -244,23 +246,32 @@ def test_a_ray_run_continues_a_single_process_run_in_its_folder(
     ray_cluster, tiny_dataset, tmp_path
 ):
     """Checkpoints Ray did not write (a --single-process run) are continued, not overwritten
-    from step 0, and their sampler state (history, no broadcast weights) loads on every rank."""
+    from step 0, and their sampler state (history, no broadcast weights) loads on every rank.
+    The model is an upsampler (``train.task=super_res``, 16x16 from 4x4): its Ray path (two
+    Ray Train workers, Ray Data shards, the loss-history actor, validation, the preview of
+    low-resolution val images beside their upsamplings) runs here too."""
     from raydiff.cli import main
 
     out = tmp_path / "mixed"
-    config = tiny_config(tiny_dataset.path, **{"train.max_steps": 4})
+    upsampler = {
+        "train.task": "super_res",
+        "super_res.small_size": 4,
+        "data.val_split": "val",
+        "train.sample_count": 3,
+    }
+    config = tiny_config(tiny_dataset.path, **{"train.max_steps": 4, **upsampler})
     sets = [
         f"--set={section}.{field}={value}"
         for section, fields in config.items()
-        if section in ("model", "diffusion", "optim", "train")
+        if section in ("model", "super_res", "diffusion", "optim", "train")
         for field, value in fields.items()
         if not isinstance(value, (list, dict))
     ]
     argv = ["train", "--single-process", *sets, "--data", str(tiny_dataset.path)]
     assert main([*argv, "--output", str(out)]) == 0
     assert recorded_losses(out / "checkpoint_000004") == 4 * GLOBAL_BATCH
-    result = run(tiny_config(tiny_dataset.path, **{"train.max_steps": 8}), out)
-    assert result["step"] == 8
+    result = run(tiny_config(tiny_dataset.path, **{"train.max_steps": 8, **upsampler}), out)
+    assert result["step"] == 8 and result["val_bpd"] > 0
     assert sorted(p.name for p in out.glob("checkpoint_0*")) == [
         "checkpoint_000004",
         "checkpoint_000008",
@@ -269,6 +280,12 @@ def test_a_ray_run_continues_a_single_process_run_in_its_folder(
     # On 2 workers now: the data position continued from the single process's too.
     final = load_checkpoint(out / "checkpoint_000008")
     assert final["config"]["scaling"]["num_workers"] == 2
+    assert final["config"]["train"]["task"] == "super_res"
+    assert final["model"]["input_blocks.0.0.weight"].shape[1] == 2  # image + its low_res
+    # The preview: 3 low-resolution val images (enlarged) beside their 3 upsamplings, a pair per
+    # half row: 4 columns (2 pairs), 2 rows of 16 pixels and 2 of padding.
+    grid = np.asarray(Image.open(out / "samples" / "samples_000008.png"))
+    assert grid.shape[:2] == (2 * 18 + 2, 4 * 18 + 2)
     assert read_progress(out / "checkpoint_000008") == {
         "step": 8,
         "epoch": 0,

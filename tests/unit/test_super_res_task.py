@@ -119,6 +119,7 @@ def test_the_preview_pairs_each_low_res_input_with_its_upsampling():
     task = super_res_task(sr_config(), runtime=ValRuntime(images))
     grid = task.preview(task.model, seed=0)
     assert grid is not None and grid.shape == (6, 1, 16, 16)  # 3 inputs, 3 outputs
+    assert task.preview_columns == 4  # pairs side by side: 2 pairs a row
     enlarged = F.interpolate(low_res_of(images[:3], 4), 16, mode="nearest")
     assert torch.equal(grid[0::2], enlarged)
     assert not torch.equal(grid[1::2], enlarged)

@@ -68,6 +68,8 @@ class ClassifierTask:
     :param random_crop: apply :func:`random_resized_crop` to training batches.
     """
 
+    preview_columns: int | None = None  # no preview
+
     def __init__(
         self,
         *,

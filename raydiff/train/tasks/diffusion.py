@@ -29,6 +29,8 @@ class DiffusionTask:
     :param num_classes: the class count of a class-conditional model (labels from ``y``).
     """
 
+    preview_columns: int | None = None
+
     def __init__(
         self,
         *,

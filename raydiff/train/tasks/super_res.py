@@ -13,6 +13,8 @@ input (nearest-neighbour enlarged) beside its output.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -51,6 +53,8 @@ class SuperResTask(DiffusionTask):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.small_size = small_size
         self.preview_inputs = preview_inputs
+        if preview_inputs is not None:  # each input and its upsampling side by side in a row
+            self.preview_columns = 2 * math.ceil(math.sqrt(len(preview_inputs["low_res"])))
 
     def losses(
         self, model: torch.nn.Module, batch: Batch, t: torch.Tensor
