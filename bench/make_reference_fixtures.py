@@ -956,7 +956,7 @@ def write_upsampler_keys(out: Path) -> None:
 
 
 def write_super_res_inputs(out: Path, root: Path) -> None:
-    """improved-diffusion's ``load_superres_data`` (scripts/super_res_train.py: its own
+    """improved-diffusion's ``load_superres_data`` (its super_res_train.py script: its own
     ``load_data`` of PNG files, then ``F.interpolate(mode="area")``) on 6 seeded RGB 16x16
     images, for ``tests/unit/test_super_res_inputs.py``: ``images`` uint8 ``[N, 16, 16, 3]``
     (file ``i`` is image ``i``), and the reference's ``large`` float32 ``[N, 3, 16, 16]`` and

@@ -1,7 +1,7 @@
 """An upsampler's inputs are improved-diffusion's bit for bit: the same PNG images, through
 raydiff's shards, decoding and scaling (both data paths' arithmetic) and ``low_res_of``, give the
 large images and the low-resolution inputs that improved-diffusion's own ``load_superres_data``
-(scripts/super_res_train.py) gave. The fixture comes from the reference code:
+(its super_res_train.py script) gave. The fixture comes from the reference code:
 ``python bench/make_reference_fixtures.py --super-res-inputs
 tests/unit/fixtures/super_res_inputs.npz``."""
 
