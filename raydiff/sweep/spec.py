@@ -53,8 +53,11 @@ SearchAlgorithm = Literal["random", "optuna"]
 SchedulerName = Literal["asha", "none"]
 Mode = Literal["min", "max"]
 
+_DIFFUSION_OBJECTIVES = ("val_bpd", "val_mse", "loss", "mse", "vb")
+
 OBJECTIVES_BY_TASK = {
-    "diffusion": ("val_bpd", "val_mse", "loss", "mse", "vb"),
+    "diffusion": _DIFFUSION_OBJECTIVES,
+    "super_res": _DIFFUSION_OBJECTIVES,  # an upsampler's bound and loss, given its input
     "classifier": (
         *("val_acc@1", "val_acc@5", "val_loss", "val_acc@1_t0", "val_acc@5_t0"),
         *("loss", "acc@1", "acc@5"),

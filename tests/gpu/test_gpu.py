@@ -3,14 +3,15 @@
 Run them with ``make test-gpu`` (``pytest -m gpu``). They cover:
 
 * one single-process training step on CUDA in fp16 (autocast and dynamic loss scaling) and one in
-  bf16 (autocast, no scaling), through ``run_single_process``, and one on the GPU that
-  ``scaling.use_gpu`` picks when no device is given;
+  bf16 (autocast, no scaling), of a diffusion model and of an upsampler (``SuperResModel``),
+  through ``run_single_process``, and one on the GPU that ``scaling.use_gpu`` picks when no
+  device is given;
 * one Ray Train worker on a GPU in fp16, through ``run_training_job``;
 * two DDP workers over NCCL (Ray Train's ``TorchTrainer`` with ``TorchConfig``: raydiff asks for
   one GPU per worker with ``scaling.use_gpu``), through ``run_training_job``, when the machine has
   two GPUs or more;
 * sampling on a GPU actor (``raydiff sample --use-gpu``), compared with the same samples drawn on
-  the CPU.
+  the CPU, of a diffusion model and of an upsampler given low-resolution images (``--low-res``).
 
 Everything is the tiny 16x16x1 model of the other tiers: seconds per test once CUDA is up.
 """
@@ -32,6 +33,7 @@ from raydiff.train.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 BATCH = 8
+TASKS = {"diffusion": (), "super_res": ("train.task=super_res", "super_res.small_size=8")}
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +85,12 @@ def train_one_process(cfg: ExperimentConfig, out: Path, device: torch.device) ->
     return run_single_process(cfg, output_dir=out, device=device)
 
 
+@pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_a_training_step_on_cuda(precision: str, dataset: Path, tmp_path: Path) -> None:
+def test_a_training_step_on_cuda(precision: str, task: str, dataset: Path, tmp_path: Path) -> None:
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
-    cfg = config(dataset, f"train.precision={precision}")
+    cfg = config(dataset, f"train.precision={precision}", *TASKS[task])
     result = train_one_process(cfg, tmp_path / "run", torch.device("cuda"))
     assert result["step"] == 2
     assert math.isfinite(result["loss"]) and result["loss"] > 0
@@ -179,13 +182,21 @@ def test_two_workers_train_over_nccl(ray_on_gpus: None, dataset: Path, tmp_path:
     assert all(torch.isfinite(w).all() for w in state["model"].values())
 
 
+@pytest.mark.parametrize("task", TASKS)
 def test_sampling_on_a_gpu_actor_matches_the_cpu(
-    ray_on_gpus: None, dataset: Path, tmp_path: Path
+    task: str, ray_on_gpus: None, dataset: Path, tmp_path: Path
 ) -> None:
     from raydiff.orchestrate.sampling import run_sampling
     from raydiff.sample.options import SampleOptions
 
-    trained = train_one_process(config(dataset), tmp_path / "run", torch.device("cpu"))
+    trained = train_one_process(
+        config(dataset, *TASKS[task]), tmp_path / "run", torch.device("cpu")
+    )
+    low_res = None
+    if task == "super_res":  # 4 random 8x8 images to upsample
+        low_res = tmp_path / "low_res.npz"
+        rng = np.random.default_rng(1)
+        np.savez(low_res, rng.integers(0, 256, (4, 8, 8, 1), dtype=np.uint8))
     samples = {}
     for use_gpu in (True, False):
         out = tmp_path / ("gpu" if use_gpu else "cpu")
@@ -199,6 +210,7 @@ def test_sampling_on_a_gpu_actor_matches_the_cpu(
                 batch_size=4,
                 use_gpu=use_gpu,
                 seed=3,
+                low_res=None if low_res is None else str(low_res),
             )
         )
         samples[use_gpu] = np.load(result.npz)["arr_0"]

@@ -234,12 +234,13 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
 def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket(
     ray_cluster, tiny_dataset, s3_bucket, tmp_path
 ):
-    """``raydiff sweep --output s3://...`` of Optuna's TPE, interrupted with Ctrl-C while its
-    second trial trains: Tune's state, the trials' runs and the results files are in the
-    bucket; ``raydiff sweep --resume s3://...`` reads Tune's state (Optuna's included) back from
-    there, continues the interrupted trial from its checkpoint and does not run the finished
-    one again; the folder is then refused to a new sweep. (A failing trial, and the resume of a
-    finished sweep: test_sweep.py.)"""
+    """``raydiff sweep --output s3://...`` of Optuna's TPE over an upsampler's config (its input
+    size among the fields), interrupted with Ctrl-C while its second trial trains: Tune's state,
+    the trials' runs and the results files are in the bucket; ``raydiff sweep --resume
+    s3://...`` reads Tune's state (Optuna's included) back from there, continues the interrupted
+    trial from its checkpoint and does not run the finished one again; the folder is then
+    refused to a new sweep. (A failing trial, and the resume of a finished sweep:
+    test_sweep.py.)"""
     import csv
     import io
     import signal
@@ -253,14 +254,14 @@ def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket(
     from raydiff.storage import as_location
     from raydiff.sweep.spec import load_sweep
 
-    base = write_base(tmp_path, tiny_dataset.path)
+    base = write_base(tmp_path, tiny_dataset.path, upsampler=True)
     # Optuna's TPE draws the trials: its state must come back with --resume as well.
     sweep = write_sweep(
         tmp_path,
         base=str(base),
         # No validation (what this checks is resume): the objective is the training loss.
         set={"max_steps": 12, "data.val_split": ""},
-        search_space={"lr": {"loguniform": [1e-4, 1e-2]}, "num_res_blocks": {"randint": [1, 3]}},
+        search_space={"lr": {"loguniform": [1e-4, 1e-2]}, "small_size": {"choice": [4, 8]}},
         metric="loss",
         search="optuna",
         num_samples=2,
@@ -308,7 +309,7 @@ def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket(
     # Optuna's trial ids are random: the numbers come from the sweep's own counter.
     assert [r["trial"][:6] for r in rows] == ["t0000_", "t0001_"]
     for row in rows:
-        assert 1e-4 <= float(row["lr"]) <= 1e-2 and row["num_res_blocks"] in ("1", "2")
+        assert 1e-4 <= float(row["lr"]) <= 1e-2 and row["small_size"] in ("4", "8")
     # The finished trial did not run again; the interrupted one continued its own run.
     assert (as_location(uri) / finished_trial / "trial.json").read_text() == started
     assert f"trial {rows[0]['trial']} started" not in output
@@ -327,7 +328,7 @@ def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket(
     assert any(k.startswith(f"{good}/tensorboard/events.out.tfevents.") for k in keys())
     assert any(k.startswith("tune/") for k in keys())  # Tune's state, what --resume read
     best = yaml.safe_load((as_location(uri) / "best_config.yaml").read_text())
-    assert best["train"]["max_steps"] == 12
+    assert best["train"]["max_steps"] == 12 and best["train"]["task"] == "super_res"
     assert not Path("s3:").exists()
 
     with pytest.raises(UserInputError, match="holds a sweep already"):

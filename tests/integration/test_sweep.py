@@ -24,9 +24,10 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_base(tmp_path: Path, data_dir: Path) -> Path:
-    """A tiny training config (16x16x1, one Ray Train worker per trial)."""
-    base = {
+def write_base(tmp_path: Path, data_dir: Path, *, upsampler: bool = False) -> Path:
+    """A tiny training config (16x16x1, one Ray Train worker per trial); with ``upsampler``
+    a 4x4 -> 16x16 upsampler's."""
+    base: dict = {
         "model": {
             "image_size": 16,
             "in_channels": 1,
@@ -51,6 +52,9 @@ def write_base(tmp_path: Path, data_dir: Path) -> Path:
         "data": {"data_dir": str(data_dir)},
         "scaling": {"num_workers": 1, "cpus_per_worker": 0.5, "max_failures": 0},
     }
+    if upsampler:
+        base["train"]["task"] = "super_res"
+        base["super_res"] = {"small_size": 4}
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(base))
     return path

@@ -185,3 +185,21 @@ def test_a_classifier_config_is_a_sweep_base_with_its_own_metrics():
         load_sweep({"base": "classifier_demo", "search_space": space})  # val_bpd by default
     with pytest.raises(UserInputError, match=r"train\.task='diffusion', which reports val_bpd"):
         load_sweep(sweep(metric="val_acc@1", mode="max"))
+
+
+def test_an_upsampler_config_is_a_sweep_base_over_its_own_fields():
+    space = {"lr": {"loguniform": [1e-4, 1e-3]}, "small_size": {"choice": [4, 8]}}
+    loaded = load_sweep({"base": "upsampler_demo", "search_space": space})  # val_bpd, min
+    trial = loaded.trial_config({"optim.lr": 3e-4, "super_res.small_size": 4}, trial_number=0)
+    assert trial.train.task == "super_res" and trial.super_res.small_size == 4
+    with pytest.raises(UserInputError, match=r"train\.task='super_res', which reports val_bpd"):
+        load_sweep({"base": "upsampler_demo", "search_space": space, "metric": "val_acc@1"})
+
+
+def test_every_task_has_its_sweep_objectives():
+    from typing import get_args
+
+    from raydiff.config.sections import TaskName
+    from raydiff.sweep.spec import OBJECTIVES_BY_TASK
+
+    assert set(OBJECTIVES_BY_TASK) == set(get_args(TaskName))
