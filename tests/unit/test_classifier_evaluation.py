@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_evaluate_fid_cli import run_with_checkpoint
 from tiny_model import tiny_classifier
 
 from raydiff.config import ExperimentConfig, apply_overrides, to_dict
@@ -68,10 +70,19 @@ def test_accuracy_is_the_evaluators_hit_rate_on_the_labels(tmp_path, evaluator):
     labels = predicted.copy()
     labels[:10] = (labels[:10] + 1) % 10  # a quarter wrong
     np.savez(tmp_path / "samples_40x16x16x1.npz", pictures, labels)
+    # Drawn by a run's checkpoint with DDIM on 25 steps: the figure reaches that run's
+    # TensorBoard under the sampler's own tag.
+    run, checkpoint = run_with_checkpoint(tmp_path, tmp_path / "data")
+    record = {"checkpoint": str(checkpoint), "timestep_respacing": "ddim25", "use_ddim": True}
+    (tmp_path / "sampling.json").write_text(json.dumps(record))
     result = run_accuracy(samples=str(tmp_path), classifier=str(evaluator))
     assert result.summary["accuracy"] == pytest.approx(0.75)
     assert json.loads(Path(result.json_path).read_text())["num_images"] == 40
     assert Path(result.json_path) == tmp_path / "accuracy.json"
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    (scalar,) = events.Scalars("eval/classifier_accuracy_ddim25")
+    assert scalar.step == 40 and scalar.value == pytest.approx(0.75)
 
 
 def test_the_evaluator_is_clean_and_never_the_guide(tmp_path, evaluator):
