@@ -725,16 +725,29 @@ def merge_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if not results:
         raise ValueError("nothing to merge")
 
-    def same_setup(result: Mapping[str, Any]) -> Any:
-        config = {k: v for k, v in result["config"].items() if k != "train"}
-        train = {k: v for k, v in result["config"]["train"].items() if k != "seed"}
-        args = {k: v for k, v in result["args"].items() if k not in ("seeds", "output", "merge")}
-        return config, train, args, result["reference_sha256"], result["window_ends"]
+    def setup(result: Mapping[str, Any]) -> dict[str, Any]:
+        """Everything of a result that is not about its seeds, flattened: ``config.data.seed``
+        and ``config.train.seed`` follow the run's seed, the arguments name the seeds."""
+        flat = {
+            f"config.{section}.{k}": v
+            for section, fields in result["config"].items()
+            for k, v in fields.items()
+            if k != "seed"
+        }
+        seed_args = ("seeds", "seed_list", "output", "merge")
+        flat.update({f"args.{k}": v for k, v in result["args"].items() if k not in seed_args})
+        flat.update(reference_sha256=result["reference_sha256"], window_ends=result["window_ends"])
+        return flat
 
-    first = same_setup(results[0])
+    first = setup(results[0])
     for other in results[1:]:
-        if same_setup(other) != first:
-            raise ValueError("the results differ in more than their seeds: not one experiment")
+        theirs = setup(other)
+        differing = sorted(k for k in first.keys() | theirs.keys() if first.get(k) != theirs.get(k))
+        if differing:
+            raise ValueError(
+                f"the results differ in more than their seeds ({', '.join(differing)}): "
+                "not one experiment"
+            )
     runs = [run for result in results for run in result["runs"]]
     keys = [(run["side"], run["seed"]) for run in runs]
     if len(set(keys)) != len(keys):

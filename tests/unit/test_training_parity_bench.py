@@ -117,9 +117,13 @@ def test_merging_runs_of_other_seeds(bench) -> None:
             for seed in seeds
             for side in ("ref", "raydiff")
         ]  # fmt: skip
-        return {
-            "args": {"seeds": ",".join(map(str, seeds)), "steps": 10, "output": "x"},
-            "config": {"train": {"seed": seeds[0], "max_steps": 10}, "model": dict(config)},
+        return {  # the seeds show in the arguments and in the config's train and data seeds
+            "args": {"seeds": ",".join(map(str, seeds)), "seed_list": seeds, "steps": 10},
+            "config": {
+                "train": {"seed": seeds[0], "max_steps": 10},
+                "data": {"seed": seeds[0], "image_size": 32},
+                "model": dict(config),
+            },
             "reference_sha256": {"a": "1"},
             "window_ends": [5, 10],
             "runs": runs,
@@ -133,5 +137,5 @@ def test_merging_runs_of_other_seeds(bench) -> None:
     assert merged["summary"]["final_loss"]["ref"]["n"] == 3
     with pytest.raises(ValueError, match="appear twice"):
         bench.merge_results([result([0, 1]), result([1])])
-    with pytest.raises(ValueError, match="differ in more than their seeds"):
+    with pytest.raises(ValueError, match=r"differ in more than their seeds \(config.model.num_ch"):
         bench.merge_results([result([0]), result([1], num_channels=64)])
