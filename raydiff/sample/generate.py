@@ -87,9 +87,12 @@ def generate(
         kwargs["low_res"] = low_res.to(device)
     denoiser: Any = model
     if labels is not None and getattr(model, "num_classes", None) is None:
-        # guided-diffusion's classifier_sample.py: y goes to cond_fn, not to an unconditional model.
-        def denoiser(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> Any:
-            return model(x, t)
+        # guided-diffusion's classifier_sample.py: y goes to cond_fn, not to an unconditional
+        # model; the model's other inputs (an upsampler's low_res) still reach it.
+        def denoiser(
+            x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, **other: Any
+        ) -> Any:
+            return model(x, t, **other)
 
     loop = diffusion.ddim_sample_loop if use_ddim else diffusion.p_sample_loop
     extra = {"eta": eta} if use_ddim else {}

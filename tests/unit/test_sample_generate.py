@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from raydiff.config import DiffusionConfig
-from raydiff.core import UNetModel
+from raydiff.core import SuperResModel, UNetModel
 from raydiff.factory import create_gaussian_diffusion
 from raydiff.sample.generate import generate, index_batches, sample_labels, to_uint8
 from raydiff.sample.outputs import npz_name, write_grid, write_npz, write_pngs
@@ -87,6 +87,31 @@ def test_class_conditional_samples_follow_their_labels():
     b = generate(model, diffusion, labels=np.array([0, 2]), **common)
     np.testing.assert_array_equal(a[0], b[0])
     assert (a[1] != b[1]).any()
+
+
+def test_an_unconditional_upsampler_upsamples_labelled_images_without_their_labels():
+    """Labels carried from a class-conditional base model's samples (arr_1) do not reach an
+    unconditional upsampler; its low-resolution input does."""
+    torch.manual_seed(0)
+    model = SuperResModel(
+        image_size=8,
+        in_channels=1,
+        model_channels=32,
+        out_channels=1,
+        num_res_blocks=1,
+        attention_resolutions=(),
+        channel_mult=(1, 2),
+    ).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if not param.any():
+                param.normal_(std=0.05)
+    diffusion = create_gaussian_diffusion(DiffusionConfig(diffusion_steps=50))
+    common = {"indices": range(2), "image_shape": (1, 8, 8), "seed": 0, "use_ddim": True}
+    low_res = torch.linspace(-1, 1, 2 * 16).reshape(2, 1, 4, 4)
+    labelled = generate(model, diffusion, low_res=low_res, labels=np.array([3, 5]), **common)
+    np.testing.assert_array_equal(labelled, generate(model, diffusion, low_res=low_res, **common))
+    assert (labelled != generate(model, diffusion, low_res=-low_res, **common)).any()
 
 
 def test_uint8_conversion_truncates_like_improved_diffusion():
