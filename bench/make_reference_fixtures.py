@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import inspect
 import io
 import json
@@ -926,20 +927,28 @@ def write_classifier_keys(out: Path) -> None:
     print(f"wrote {out}: {len(lines) - 1} keys")
 
 
-PUBLISHED_UPSAMPLERS = ("upsampler_imagenet64_256", "upsampler_imagenet128_512")
-"""raydiff's presets of guided-diffusion's published upsamplers."""
+PUBLISHED_UPSAMPLERS = {
+    "upsampler_imagenet64_256": "guided_diffusion",
+    "upsampler_imagenet128_512": "guided_diffusion",
+    "upsampler_iddpm_imagenet64_256": "improved_diffusion",
+}
+"""raydiff's presets of the published upsamplers, and the code base whose ``sr_create_model``
+builds each."""
 
 
 def write_upsampler_keys(out: Path) -> None:
-    """The state-dict keys and shapes of guided-diffusion's ``sr_create_model`` with each
-    upsampler preset's flags (on the meta device), for ``tests/unit/test_presets.py``: a
-    published ``64_256_upsampler.pt`` loads strictly into raydiff's network of the preset
-    exactly when the two lists agree."""
+    """The state-dict keys and shapes of ``sr_create_model`` (guided- or improved-diffusion's,
+    whichever published the upsampler) with each upsampler preset's flags (on the meta device),
+    for ``tests/unit/test_presets.py``: a published ``64_256_upsampler.pt`` or
+    ``upsample_cond_500K.pt`` loads strictly into raydiff's network of the preset exactly when
+    the two lists agree."""
     import yaml
-    from guided_diffusion.script_util import sr_create_model, sr_model_and_diffusion_defaults
 
-    lines = ["# preset key shape: guided-diffusion's sr_create_model with each preset's flags"]
-    for preset in PUBLISHED_UPSAMPLERS:
+    lines = ["# preset key shape: the original's sr_create_model with each preset's flags"]
+    for preset, package in PUBLISHED_UPSAMPLERS.items():
+        script_util = importlib.import_module(f"{package}.script_util")
+        sr_create_model = script_util.sr_create_model
+        sr_model_and_diffusion_defaults = script_util.sr_model_and_diffusion_defaults
         config = yaml.safe_load(Path(f"configs/{preset}.yaml").read_text())
         flags = {**config["model"], **config["diffusion"]}
         args = sr_model_and_diffusion_defaults()

@@ -79,11 +79,16 @@ def test_published_classifier_presets_have_the_published_state_dict(preset):
     assert {k: tuple(v.shape) for k, v in network.state_dict().items()} == expected
 
 
-@pytest.mark.parametrize("preset", ["upsampler_imagenet64_256", "upsampler_imagenet128_512"])
+@pytest.mark.parametrize(
+    "preset",
+    ["upsampler_imagenet64_256", "upsampler_imagenet128_512", "upsampler_iddpm_imagenet64_256"],
+)
 def test_published_upsampler_presets_have_the_published_state_dict(preset):
-    """guided-diffusion's sr_create_model with the preset's flags (its keys and shapes written by
-    bench/make_reference_fixtures.py --upsampler-keys) and raydiff's upsampler of the preset: the
-    same state dict, so the published NN_MMM_upsampler.pt loads strictly."""
+    """sr_create_model with the preset's flags (guided-diffusion's, or improved-diffusion's for
+    the iddpm preset; keys and shapes written by bench/make_reference_fixtures.py
+    --upsampler-keys) and raydiff's upsampler of the preset: the same state dict, so the
+    published NN_MMM_upsampler.pt and upsample_cond_500K.pt load strictly (the last one 280M
+    parameters)."""
     from raydiff.factory import create_model
 
     fixture = Path(__file__).parent / "fixtures" / "published_upsampler_keys.txt"
@@ -97,3 +102,5 @@ def test_published_upsampler_presets_have_the_published_state_dict(preset):
     with torch.device("meta"):
         network = create_model(config.model, learn_sigma=True, super_res=True)
     assert {k: tuple(v.shape) for k, v in network.state_dict().items()} == expected
+    if preset == "upsampler_iddpm_imagenet64_256":
+        assert sum(p.numel() for p in network.parameters()) / 1e6 == pytest.approx(280, rel=0.01)
