@@ -62,9 +62,11 @@ def npz_in(folder: Path) -> Path:
 
 
 def bicubic(source: Path, size: int, out: Path) -> Path:
-    """``source``'s images (and labels) enlarged to ``size`` with PIL's BICUBIC, as an npz."""
+    """``source``'s images (and labels) enlarged to ``size`` as ``raydiff prepare`` resizes
+    (a square image grows by one PIL BICUBIC resize), as an npz."""
     from PIL import Image
 
+    from raydiff.data.resize import resize_center_crop
     from raydiff.sample.outputs import write_npz
 
     with np.load(source) as data:
@@ -74,8 +76,8 @@ def bicubic(source: Path, size: int, out: Path) -> Path:
     enlarged = np.stack(
         [
             np.asarray(
-                Image.fromarray(image[..., 0] if channels == 1 else image).resize(
-                    (size, size), Image.BICUBIC
+                resize_center_crop(
+                    Image.fromarray(image[..., 0] if channels == 1 else image), image_size=size
                 )
             ).reshape(size, size, channels)
             for image in images

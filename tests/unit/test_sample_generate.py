@@ -16,9 +16,10 @@ from raydiff.sample.outputs import npz_name, write_grid, write_npz, write_pngs
 pytestmark = pytest.mark.unit
 
 
-def tiny_model(num_classes: int | None = None) -> UNetModel:
+def tiny_model(num_classes: int | None = None, *, network: type = UNetModel) -> UNetModel:
+    """An 8x8x1 ``network`` (``SuperResModel`` for an upsampler) with no zero layers."""
     torch.manual_seed(0)
-    model = UNetModel(
+    model = network(
         image_size=8,
         in_channels=1,
         model_channels=32,
@@ -92,20 +93,7 @@ def test_class_conditional_samples_follow_their_labels():
 def test_an_unconditional_upsampler_upsamples_labelled_images_without_their_labels():
     """Labels carried from a class-conditional base model's samples (arr_1) do not reach an
     unconditional upsampler; its low-resolution input does."""
-    torch.manual_seed(0)
-    model = SuperResModel(
-        image_size=8,
-        in_channels=1,
-        model_channels=32,
-        out_channels=1,
-        num_res_blocks=1,
-        attention_resolutions=(),
-        channel_mult=(1, 2),
-    ).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if not param.any():
-                param.normal_(std=0.05)
+    model = tiny_model(network=SuperResModel)
     diffusion = create_gaussian_diffusion(DiffusionConfig(diffusion_steps=50))
     common = {"indices": range(2), "image_shape": (1, 8, 8), "seed": 0, "use_ddim": True}
     low_res = torch.linspace(-1, 1, 2 * 16).reshape(2, 1, 4, 4)

@@ -3,6 +3,8 @@ the bound, DDIM preview grids."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from raydiff.config import ExperimentConfig
@@ -53,21 +55,7 @@ class DiffusionTask:
     @classmethod
     def from_config(cls, config: ExperimentConfig) -> DiffusionTask:
         """The model of ``config.model``, the diffusion of ``config.diffusion``."""
-        train, model = config.train, config.model
-        diffusion = create_gaussian_diffusion(config.diffusion)
-        return cls(
-            model=create_model(model, learn_sigma=config.diffusion.learn_sigma),
-            diffusion=diffusion,
-            eval_timesteps=stratified_timesteps(
-                diffusion.num_timesteps,
-                train.eval_timesteps,
-                seed=derive_seed(train.seed, "val-timesteps"),
-            ),
-            image_shape=(model.in_channels, model.image_size, model.image_size),
-            sample_count=train.sample_count,
-            sample_steps=train.sample_steps,
-            num_classes=model.num_classes if model.class_cond else None,
-        )
+        return cls(**task_arguments(config))
 
     def losses(
         self, model: torch.nn.Module, batch: Batch, t: torch.Tensor
@@ -108,3 +96,23 @@ def diffusion_task(config: ExperimentConfig, *, runtime: Runtime) -> DiffusionTa
     """The loop's default :class:`raydiff.train.task.TaskFactory`: the diffusion model of
     ``config`` (it needs nothing from ``runtime`` to build)."""
     return DiffusionTask.from_config(config)
+
+
+def task_arguments(config: ExperimentConfig, *, super_res: bool = False) -> dict[str, Any]:
+    """:class:`DiffusionTask`'s arguments from ``config``: its model (a ``SuperResModel`` with
+    ``super_res``), diffusion, validation timesteps, preview settings and classes."""
+    train, model = config.train, config.model
+    diffusion = create_gaussian_diffusion(config.diffusion)
+    return {
+        "model": create_model(model, learn_sigma=config.diffusion.learn_sigma, super_res=super_res),
+        "diffusion": diffusion,
+        "eval_timesteps": stratified_timesteps(
+            diffusion.num_timesteps,
+            train.eval_timesteps,
+            seed=derive_seed(train.seed, "val-timesteps"),
+        ),
+        "image_shape": (model.in_channels, model.image_size, model.image_size),
+        "sample_count": train.sample_count,
+        "sample_steps": train.sample_steps,
+        "num_classes": model.num_classes if model.class_cond else None,
+    }

@@ -19,13 +19,11 @@ import torch
 import torch.nn.functional as F
 
 from raydiff.config import ExperimentConfig
-from raydiff.factory import create_gaussian_diffusion, create_model
-from raydiff.seeding import derive_seed
 from raydiff.train.runtime import Runtime
 from raydiff.train.sample_grid import draw_samples
 from raydiff.train.task import Batch, ValBatches
-from raydiff.train.tasks.diffusion import DiffusionTask
-from raydiff.train.validation import estimate_bpd, stratified_timesteps
+from raydiff.train.tasks.diffusion import DiffusionTask, task_arguments
+from raydiff.train.validation import estimate_bpd
 
 
 def low_res_of(images: torch.Tensor, small_size: int) -> torch.Tensor:
@@ -119,21 +117,10 @@ def preview_inputs(
 def super_res_task(config: ExperimentConfig, *, runtime: Runtime) -> SuperResTask:
     """The :class:`raydiff.train.task.TaskFactory` of ``train.task=super_res``: the preview's
     inputs are the first ``train.sample_count`` validation images (none without a val split)."""
-    train, model = config.train, config.model
-    diffusion = create_gaussian_diffusion(config.diffusion)
     small_size = config.super_res.small_size
+    count = config.train.sample_count
     return SuperResTask(
         small_size=small_size,
-        preview_inputs=preview_inputs(runtime, count=train.sample_count, small_size=small_size),
-        model=create_model(model, learn_sigma=config.diffusion.learn_sigma, super_res=True),
-        diffusion=diffusion,
-        eval_timesteps=stratified_timesteps(
-            diffusion.num_timesteps,
-            train.eval_timesteps,
-            seed=derive_seed(train.seed, "val-timesteps"),
-        ),
-        image_shape=(model.in_channels, model.image_size, model.image_size),
-        sample_count=train.sample_count,
-        sample_steps=train.sample_steps,
-        num_classes=model.num_classes if model.class_cond else None,
+        preview_inputs=preview_inputs(runtime, count=count, small_size=small_size),
+        **task_arguments(config, super_res=True),
     )
