@@ -38,11 +38,11 @@ class SweepOptions:
         metavar="FIELD=VALUE",
         help="override a field of the base config for every trial (max_steps=20); repeatable",
     )
-    num_workers: int | None = flag(
+    num_workers: str | None = flag(
         "--num-workers",
         default=None,
         sets="scaling.num_workers",
-        help="Ray Train workers per trial (sets scaling.num_workers)",
+        help="Ray Train workers per trial (sets scaling.num_workers): N, or MIN-MAX",
     )
     resume: str | None = flag(
         "--resume",

@@ -66,11 +66,11 @@ class TrainOptions:
     max_steps: int | None = flag(
         "--max-steps", default=None, sets="train.max_steps", help="sets train.max_steps"
     )
-    num_workers: int | None = flag(
+    num_workers: str | None = flag(
         "--num-workers",
         default=None,
         sets="scaling.num_workers",
-        help="sets scaling.num_workers (Ray Train workers)",
+        help="sets scaling.num_workers (Ray Train workers): N, or MIN-MAX for an elastic run",
     )
     single_process: bool = flag(
         "--single-process",
@@ -162,7 +162,10 @@ def checked_config(
             "drop --single-process, or evaluate checkpoints afterwards with raydiff evaluate"
         )
     # One process trains the whole batch: scaling.num_workers does not apply to it.
-    config.train.per_worker_batch(1 if options.single_process else config.scaling.num_workers)
+    if options.single_process:
+        config.train.per_worker_batch(1)
+    else:
+        config.train.check_worker_sizes(config.scaling.worker_sizes)
     manifest = manifest or manifest_preparing_demo(config.data.data_dir)
     keep_channels = sets_field(overrides, "in_channels")
     return fit_to_data(config, manifest, keep_channels=keep_channels), manifest

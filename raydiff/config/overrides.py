@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from raydiff.config.experiment import DATA_FIELDS_DERIVED, ExperimentConfig, derive_sections
+from raydiff.config.sections import WorkerCount
 from raydiff.errors import ConfigError, UserInputError
 
 ConfigT = TypeVar("ConfigT")
@@ -77,6 +78,8 @@ def coerce(value: Any, hint: Any, *, section: str, name: str) -> Any:
     def fail(reason: str) -> ConfigError:
         return ConfigError(section=section, field=name, value=value, reason=reason)
 
+    if hint == WorkerCount:  # N or MIN-MAX: ScalingConfig parses and checks it
+        return value
     if get_origin(hint) in (typing.Union, types.UnionType):  # X | None
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             return None

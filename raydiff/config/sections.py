@@ -570,13 +570,63 @@ class TrainConfig:
             )
         return local
 
+    def check_worker_sizes(self, sizes: range) -> None:
+        """The batch splits over every size in ``sizes`` (an elastic run's worker counts), or one
+        error naming the sizes that cannot split it and the nearest batch that splits them all."""
+        step = math.lcm(*sizes) * max(self.microbatch, 1)
+        if len(sizes) == 1 or self.batch_size % step == 0:
+            self.per_worker_batch(sizes[0])
+            return
+        micro = max(self.microbatch, 1)
+        bad = [n for n in sizes if self.batch_size % n or (self.batch_size // n) % micro]
+        works = -(-self.batch_size // step) * step
+        per_micro = f" with microbatch={self.microbatch}" if self.microbatch > 0 else ""
+        raise invalid(
+            "train",
+            "batch_size",
+            self.batch_size,
+            f"must split evenly over every worker count of scaling.num_workers "
+            f"{sizes[0]}-{sizes[-1]}{per_micro}: {', '.join(map(str, bad))} workers cannot "
+            f"take it; batch_size={works} splits over all of them",
+        )
+
+
+WorkerCount = int | tuple[int, int]
+"""``scaling.num_workers``: a fixed number of workers, or ``(min, max)`` for an elastic run."""
+
+
+def parse_worker_count(value: Any) -> WorkerCount:
+    """``2``, ``"2"``, ``"1-4"``, ``[1, 4]`` or ``"[1, 4]"`` (YAML, JSON, ``--set`` and
+    ``--num-workers``) -> ``2`` or ``(1, 4)``; ValueError for anything else. A range of one size
+    is that size."""
+    if isinstance(value, str):
+        text = value.strip().strip("[]()").replace(" ", "")
+        parts = text.split(",") if "," in text else text.split("-")
+        value = parts[0] if len(parts) == 1 else parts
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise ValueError("expected N or MIN-MAX")
+        low, high = (_whole(v) for v in value)
+        return low if low == high else (low, high)
+    return _whole(value)
+
+
+def _whole(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and value % 1):
+        raise ValueError("expected N or MIN-MAX")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected N or MIN-MAX") from None
+
 
 @dataclass(kw_only=True)
 class ScalingConfig:
     """How the run is spread over Ray: workers, resources, failure handling."""
 
-    num_workers: int = 2
-    """Training workers (DDP ranks)."""
+    num_workers: WorkerCount = 2
+    """Training workers (DDP ranks): N, or MIN-MAX ([MIN, MAX] in YAML) for an elastic run that
+    Ray Train resizes between MIN and MAX workers as nodes come and go."""
     use_gpu: bool = False
     """One GPU per worker (NCCL) instead of CPU workers (gloo)."""
     cpus_per_worker: float = 1.0
@@ -590,8 +640,19 @@ class ScalingConfig:
 
     def __post_init__(self) -> None:
         s = "scaling"
-        if self.num_workers < 1:
-            raise invalid(s, "num_workers", self.num_workers, "must be >= 1")
+        try:
+            self.num_workers = parse_worker_count(self.num_workers)
+        except ValueError as err:
+            raise invalid(s, "num_workers", self.num_workers, str(err)) from None
+        if self.min_workers < 1:
+            raise invalid(s, "num_workers", self.num_workers, "must be >= 1 (every size)")
+        if self.min_workers > self.max_workers:
+            raise invalid(
+                s,
+                "num_workers",
+                self.num_workers,
+                f"the minimum {self.min_workers} is above the maximum {self.max_workers}",
+            )
         if self.cpus_per_worker <= 0:
             raise invalid(s, "cpus_per_worker", self.cpus_per_worker, "must be > 0")
         if self.max_failures < -1:
@@ -602,6 +663,21 @@ class ScalingConfig:
             raise invalid(
                 s, "sampler_refresh_interval", self.sampler_refresh_interval, "must be >= 1"
             )
+
+    @property
+    def min_workers(self) -> int:
+        """The fewest workers the run trains on (``num_workers`` when it is fixed)."""
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers the run trains on: what resources are sized for."""
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def worker_sizes(self) -> range:
+        """Every size the worker group may have."""
+        return range(self.min_workers, self.max_workers + 1)
 
 
 @dataclass(kw_only=True)

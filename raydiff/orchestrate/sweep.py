@@ -248,8 +248,8 @@ def _default_concurrency(loaded: LoadedSweep) -> int:
     scaling = loaded.base_config.scaling
     if scaling.use_gpu:
         gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
-        return max(1, int(gpus // scaling.num_workers))
-    per_trial = scaling.num_workers * scaling.cpus_per_worker
+        return max(1, int(gpus // scaling.max_workers))
+    per_trial = scaling.max_workers * scaling.cpus_per_worker
     if ray.is_initialized():
         cpus = ray.cluster_resources().get("CPU", 1) - 2
     else:
@@ -450,8 +450,8 @@ def _run(
     concurrency = loaded.sweep.max_concurrent_trials or _default_concurrency(loaded)
     ensure_ray(
         address=address,
-        num_workers=concurrency * scaling.num_workers,
-        cpus_per_worker=scaling.cpus_per_worker + TRIAL_DRIVER_CPUS / scaling.num_workers,
+        num_workers=concurrency * scaling.max_workers,
+        cpus_per_worker=scaling.cpus_per_worker + TRIAL_DRIVER_CPUS / scaling.max_workers,
     )
     quiet_ray_console()
     if not verbose():
@@ -459,12 +459,12 @@ def _run(
         # the older engine is silent at 0. raydiff prints its own lines and the table.
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     logger.info(
-        "sweep %s: %s, %d sample(s), up to %d trial(s) at once, %d worker(s) each",
+        "sweep %s: %s, %d sample(s), up to %d trial(s) at once, %s worker(s) each",
         out,
         ", ".join(f"{d.key} {d.kind} {list(d.values)}" for d in loaded.dimensions),
         loaded.sweep.num_samples,
         concurrency,
-        scaling.num_workers,
+        "-".join(map(str, sorted({scaling.min_workers, scaling.max_workers}))),
     )
     tuner = _tuner(loaded, out=out, manifest=manifest, concurrency=concurrency, restore=restore)
     grid = tuner.fit()

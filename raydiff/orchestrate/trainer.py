@@ -213,7 +213,7 @@ def _start_session(
     evaluate = config.evaluation.every_checkpoint
     ensure_ray(
         address=address,
-        num_workers=config.scaling.num_workers,
+        num_workers=config.scaling.max_workers,
         cpus_per_worker=config.scaling.cpus_per_worker,
         extra_cpus=config.evaluation.cpus if evaluate else 0.0,
     )

@@ -292,7 +292,7 @@ class LoadedSweep:
         if not self.seed_is_fixed:
             items.append(f"train.seed={trial_seed(self.sweep.seed, trial_number)}")
         config = apply_overrides(self.base_config, items)
-        config.train.per_worker_batch(config.scaling.num_workers)
+        config.train.check_worker_sizes(config.scaling.worker_sizes)
         return config
 
 

@@ -116,12 +116,15 @@ def check_run(
 ) -> None:
     """Raise ValueError / FileNotFoundError naming the field when the run cannot start.
 
-    Checks the batch split over ``num_workers`` (default ``config.scaling.num_workers``) and
+    Checks the batch split over ``num_workers`` (default: every size ``scaling.num_workers``
+    allows) and
     microbatches, that the prepared shards exist and match the model (image size, channels,
     classes), and that ``train.init_checkpoint`` and ``resume`` exist.
     """
-    workers = config.scaling.num_workers if num_workers is None else num_workers
-    config.train.per_worker_batch(workers)
+    if num_workers is None:
+        config.train.check_worker_sizes(config.scaling.worker_sizes)
+    else:
+        config.train.per_worker_batch(num_workers)
     check_compatible(
         manifest,
         image_size=config.model.image_size,
