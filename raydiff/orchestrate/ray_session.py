@@ -78,6 +78,33 @@ def ensure_ray(
     )
 
 
+def report_capacity(
+    *, min_workers: int, cpus_per_worker: float, use_gpu: bool, extra_cpus: float = 0.0
+) -> bool:
+    """Say so, at start, when the cluster cannot hold ``min_workers`` training workers now
+    (with ``extra_cpus`` beside them): Ray Train then waits for nodes to join, logging nothing
+    for a while, and a user would see a silent run. Returns whether they fit."""
+    import ray
+
+    total = ray.cluster_resources()
+    key, each = ("GPU", 1.0) if use_gpu else ("CPU", cpus_per_worker)
+    have = total.get(key, 0.0) - (0.0 if use_gpu else extra_cpus)
+    fits = int(have // each + 1e-9)
+    if fits >= min_workers:
+        return True
+    logger.warning(
+        "waiting for %d workers' resources (%g %s each); the cluster has %g %s (room for %d): "
+        "the run starts when nodes join",
+        min_workers,
+        each,
+        key,
+        total.get(key, 0.0),
+        key,
+        max(fits, 0),
+    )
+    return False
+
+
 def start_local_ray(*, num_cpus: int, **init_kwargs: Any) -> Any:
     """Start a new local Ray instance of ``num_cpus`` logical CPUs whose workers run raydiff's
     setup hook (added to ``init_kwargs``' ``runtime_env``, unless it names one). The other

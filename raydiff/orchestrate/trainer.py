@@ -20,6 +20,7 @@ from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError, 
 from raydiff.orchestrate.ray_session import (
     ensure_ray,
     quiet_ray_console,
+    report_capacity,
     train_log_level,
     verbose,
 )
@@ -216,6 +217,11 @@ def _start_session(
         num_workers=config.scaling.max_workers,
         cpus_per_worker=config.scaling.cpus_per_worker,
         extra_cpus=config.evaluation.cpus if evaluate else 0.0,
+    )
+    report_capacity(
+        min_workers=config.scaling.min_workers,
+        cpus_per_worker=config.scaling.cpus_per_worker,
+        use_gpu=config.scaling.use_gpu,
     )
     quiet_ray_console()
     if not show_data_progress:
