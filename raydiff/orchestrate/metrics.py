@@ -67,9 +67,17 @@ SAMPLER: dict[str, str] = {
 }
 
 
+WORKERS = (
+    "workers",
+    "Training workers (DDP ranks) of the running worker group: an elastic run's current size",
+)
+"""Set when a worker group starts: a resized elastic run starts a new group of the new size."""
+
+
 def metric_names() -> list[str]:
     """Every metric this module exports, as registered (Prometheus adds ``ray_`` in front)."""
-    return [PREFIX + name for name, _ in REPORTED.values()] + [PREFIX + n for n in SAMPLER]
+    names = [name for name, _ in REPORTED.values()] + [*SAMPLER, WORKERS[0]]
+    return [PREFIX + name for name in names]
 
 
 def sampler_summary(weights: np.ndarray) -> dict[str, float]:
@@ -93,7 +101,7 @@ class TrainingMetrics:
     """One run's gauges, tagged ``run=run_name``. Create and publish on one rank only (rank 0):
     the figures are already reduced over all workers."""
 
-    def __init__(self, run_name: str) -> None:
+    def __init__(self, run_name: str, *, world_size: int) -> None:
         self.run_name = run_name
         tags = {RUN_TAG: run_name}
         self._gauges: dict[str, Gauge] = {}
@@ -101,6 +109,7 @@ class TrainingMetrics:
             self._gauges[key] = _gauge(name, description, tags)
         for name, description in SAMPLER.items():
             self._gauges[name] = _gauge(name, description, tags)
+        _gauge(*WORKERS, tags).set(float(world_size))
 
     def publish(self, report: Mapping[str, Any], *, sampler: ScheduleSampler | None = None) -> None:
         """Set the gauges of the figures in ``report`` (the loop's report dict) and, for a

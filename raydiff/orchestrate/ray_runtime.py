@@ -64,7 +64,9 @@ class RayRuntime:
         self.sampler: ScheduleSampler | None = None
         # The dashboard's / Prometheus' view of the run (Ray's metrics), tagged with the Ray Train
         # run name; the figures are reduced over all workers already, so rank 0 alone exports.
-        self.metrics = TrainingMetrics(output_dir.name) if rank == 0 else None
+        self.metrics = (
+            TrainingMetrics(output_dir.name, world_size=world_size) if rank == 0 else None
+        )
 
     @property
     def is_main(self) -> bool:

@@ -63,6 +63,7 @@ def test_training_metrics_are_exported_to_prometheus_with_the_run_tag(two_worker
     expected = expected_metrics()
     assert expected <= set(found), sorted(expected - set(found))
     assert found["ray_raydiff_step"] == 8
+    assert found["ray_raydiff_workers"] == 2
     assert found["ray_raydiff_loss"] == result["loss"]
     assert found["ray_raydiff_val_bpd"] == result["val_bpd"] > 0
     assert found["ray_raydiff_images_per_second"] > 0
