@@ -16,7 +16,7 @@ import torch
 
 from raydiff.data.encode import decode_png
 from raydiff.data.manifest import Manifest, load_manifest
-from raydiff.data.order import flip_mask, row_order_seed
+from raydiff.data.order import flip_mask, global_batch_rows
 from raydiff.errors import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -86,32 +86,27 @@ def infinite_batches(
 
     ``batch`` is what the Ray Data pipeline's batches hold: ``x`` float32 ``[B, C, H, W]``,
     ``index`` int64 ``[B]`` (rows of the split) and ``y`` int64 ``[B]`` when ``labels`` are given.
-    The order and the flips are seeded as in the Ray pipeline (:mod:`raydiff.data.order`): a
-    row's flip depends on (seed, epoch, row) only. With ``random_flip`` (``data.random_flip``)
+    The order (:func:`raydiff.data.order.global_batch_rows`) and the flips are those of a Ray
+    run's decoded cache (:mod:`raydiff.data.cached_split`): a row's flip depends on (seed, epoch,
+    row) only. With ``random_flip`` (``data.random_flip``)
     each image is flipped horizontally with probability 1/2, as guided-diffusion's loader does
     (improved-diffusion's never flips). ``start_epoch`` and ``skip_batches`` (batches of the first
     epoch already trained on) continue a resumed run exactly where it stopped; the last partial
     batch of an epoch is dropped, as on Ray.
     """
-    n = images.shape[0]
-    if n < batch_size:
-        raise UserInputError(f"dataset has {n} images, fewer than one batch of {batch_size}")
-    if skip_batches < 0:
-        raise ValueError(f"skip_batches={skip_batches} is invalid; valid values: integers >= 0")
-    epoch = start_epoch
-    first = skip_batches * batch_size
-    while True:
-        generator = torch.Generator().manual_seed(row_order_seed(seed=seed, epoch=epoch))
-        order = torch.randperm(n, generator=generator)
-        flips = torch.from_numpy(flip_mask(np.arange(n), seed=seed, epoch=epoch))
-        for i in range(first, n - batch_size + 1, batch_size):
-            idx = order[i : i + batch_size]
-            x = images[idx]
-            if random_flip:
-                x = torch.where(flips[idx].view(-1, 1, 1, 1), x.flip(-1), x)
-            batch: dict[str, Any] = {"x": x, "index": idx}
-            if labels is not None:
-                batch["y"] = labels[idx]
-            yield epoch, batch
-        first = 0
-        epoch += 1
+    for epoch, rows in global_batch_rows(
+        images.shape[0],
+        global_batch=batch_size,
+        seed=seed,
+        start_epoch=start_epoch,
+        skip_batches=skip_batches,
+    ):
+        idx = torch.from_numpy(rows)
+        x = images[idx]
+        if random_flip:
+            flip = torch.from_numpy(flip_mask(rows, seed=seed, epoch=epoch))
+            x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
+        batch: dict[str, Any] = {"x": x, "index": idx}
+        if labels is not None:
+            batch["y"] = labels[idx]
+        yield epoch, batch

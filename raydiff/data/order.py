@@ -4,8 +4,12 @@ Both data paths use these, so a seed means the same thing everywhere:
 
 * flips are a hash of (seed, epoch, row index): independent of which worker, batch or shuffle
   a row lands in, identical for the Ray Data pipeline and the in-memory loader;
-* shuffles are keyed by (seed, epoch) (and the rank, for a Ray worker's local shuffle buffer);
-  the in-memory loader's permutation uses :func:`row_order_seed`.
+* a split held in memory (the in-memory loader, and the decoded cache of a Ray run) is read in
+  one permutation per epoch, seeded by (seed, epoch) (:func:`row_order_seed`), cut into global
+  batches; rank r of W takes the r-th of W equal slices of each (:func:`global_batch_rows`), so
+  the global batches do not depend on the number of workers;
+* a streamed split's rows are shuffled by each Ray worker's local shuffle buffer, keyed by
+  (seed, epoch, rank);
 
 * the block / shard-file order is Ray Data's, re-seeded by Ray per execution from the base seed
   :func:`block_order_seed` and the dataset's execution count; a resumed run's dataset starts
@@ -18,10 +22,12 @@ function, which imports Ray when called: importing this module imports neither t
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from raydiff.errors import UserInputError
 from raydiff.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -42,6 +48,54 @@ def flip_mask(index: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
 def row_order_seed(*, seed: int, epoch: int) -> int:
     """Seed of the in-memory loader's row permutation in ``epoch``."""
     return derive_seed(seed, "order", epoch)
+
+
+def epoch_permutation(num_rows: int, *, seed: int, epoch: int) -> np.ndarray:
+    """The order (int64 row indices) in which a split held in memory is read in ``epoch``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(row_order_seed(seed=seed, epoch=epoch))
+    return torch.randperm(num_rows, generator=generator).numpy()
+
+
+def global_batch_rows(
+    num_rows: int,
+    *,
+    global_batch: int,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int,
+    start_epoch: int = 0,
+    skip_batches: int = 0,
+    num_epochs: int | None = None,
+) -> Iterator[tuple[int, np.ndarray]]:
+    """``(epoch, rows)``: this rank's rows of each global batch, forever by default.
+
+    Each epoch's :func:`epoch_permutation` is cut into ``num_rows // global_batch`` global
+    batches (the last partial one is dropped); rank ``r`` of ``world_size`` takes the slice
+    ``[r * local, (r + 1) * local)`` of each, ``local = global_batch // world_size``. Which rows
+    form a global batch depends on (seed, epoch, batch) only: a run that resumes on another
+    number of workers (``skip_batches``: the global batches of ``start_epoch`` already trained
+    on) trains on the batches the uninterrupted run would have.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} of world_size={world_size} is invalid")
+    if global_batch % world_size:
+        raise ValueError(f"global_batch={global_batch} does not split over {world_size} workers")
+    if skip_batches < 0:
+        raise ValueError(f"skip_batches={skip_batches} is invalid; valid values: integers >= 0")
+    if num_rows < global_batch:
+        raise UserInputError(
+            f"the split has {num_rows} rows, fewer than one batch of {global_batch}"
+        )
+    local = global_batch // world_size
+    epoch, first = start_epoch, skip_batches
+    while num_epochs is None or epoch < start_epoch + num_epochs:
+        order = epoch_permutation(num_rows, seed=seed, epoch=epoch)
+        for start in range(first * global_batch, num_rows - global_batch + 1, global_batch):
+            yield epoch, order[start + rank * local : start + (rank + 1) * local]
+        first = 0  # a resumed position past the epoch's end starts the next epoch afresh
+        epoch += 1
 
 
 def shuffle_buffer_seed(*, seed: int, epoch: int, rank: int) -> int:

@@ -1,25 +1,30 @@
 """The Ray Data input pipeline: Parquet shards -> decoded, normalised batches on every worker.
 
-Driver side, ``build_datasets`` reads the shards (local paths or ``s3://``/``gs://`` URIs), decodes
-the PNGs to uint8 NCHW arrays in ``map_batches`` on any CPU of the cluster, and either caches the
-decoded rows in the object store (when they fit ``cache_max_bytes``) or streams them. Pixels stay
+Driver side, ``build_datasets`` reads the shards (local paths or ``s3://``/``gs://`` URIs) and
+decodes the PNGs to uint8 NCHW arrays in ``map_batches`` on any CPU of the cluster. Pixels stay
 uint8 until the last step: a cache holds 4x more images than float32 would, and the object store
-moves 4x fewer bytes per epoch. The worker's collate function (in Ray's batch-formatting threads,
-off the training loop) flips and normalises to float32 ``[-1, 1]``.
-The returned datasets go to the Ray Train trainer (``datasets=...``), which gives every worker an equal
-streaming shard (``streaming_split(world_size, equal=True)``).
+moves 4x fewer bytes per epoch. A training split that fits ``cache_max_bytes`` is decoded once
+into the object store as a :class:`raydiff.data.cached_split.CachedSplit`, read by every worker
+in one global order per epoch (the same global batches at any number of workers). A larger one
+is streamed: the Ray Train trainer (``datasets=...``) gives every worker an equal streaming shard
+(``streaming_split(world_size, equal=True)``), and ``iterate_batches`` turns it into an endless
+``(epoch, batch)`` stream. Each epoch re-executes the dataset, and its order changes in three
+seeded places:
 
-Worker side, ``iterate_batches`` turns a shard into an endless ``(epoch, batch)`` stream. Each
-epoch re-executes the dataset, and the order changes in three seeded places:
-
-* the block order (cached data, ``randomize_block_order``) or the shard-file order (streamed
-  data, ``read_parquet(shuffle=FileShuffleConfig)``), both re-seeded per execution by Ray from
-  (seed, execution index): the run's epochs are consecutive executions of the dataset (a cached
-  split's ``materialize`` is one more), and a resumed run's dataset starts counting where the
-  uninterrupted run's count stood at the resumed epoch (``epoch_offset``);
+* the shard-file order (``read_parquet(shuffle=FileShuffleConfig)``), re-seeded per execution by
+  Ray from (seed, execution index): the run's epochs are consecutive executions of the dataset,
+  and a resumed run's dataset starts counting where the uninterrupted run's count stood at the
+  resumed epoch (``epoch_offset``);
 * the rows, through each worker's local shuffle buffer seeded by (seed, epoch, rank);
 * the horizontal flips, a hash of (seed, epoch, row index): independent of which worker or
-  batch a row lands in, and applied after the cache so every epoch flips differently.
+  batch a row lands in (the cached path flips the same way, :func:`collate_rows`).
+
+A streamed split's batches depend on the number of workers (which rows reach which worker is
+Ray's dynamic split): a run resumed on another number continues at the same position (the
+epoch, and the number of global batches of it already trained on) but not with the same rows,
+so the rest of that epoch may repeat some of the examples trained on before the restart and miss
+as many others; every later epoch is again a full pass. The worker's collate function (in Ray's
+batch-formatting threads, off the training loop) flips and normalises to float32 ``[-1, 1]``.
 
 With ``deterministic=True`` Ray Data keeps its output order, so the same seed gives the same
 batches every run. Ray and torch are imported inside the functions: importing this module
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from raydiff.data.cached_split import CachedSplit
 from raydiff.data.config import DataConfig
 from raydiff.data.manifest import Manifest, check_compatible, load_manifest
 from raydiff.data.order import (
@@ -82,16 +88,18 @@ def build_datasets(
     *,
     manifest: Manifest | None = None,
     epoch_offset: int = 0,
-    cached: dict[str, ray.data.Dataset] | None = None,
-) -> dict[str, ray.data.Dataset]:
-    """Datasets for the Ray Train trainer (``datasets=...``): ``{"train": ..., "val": ...}``.
+    cached: dict[str, ray.data.Dataset | CachedSplit] | None = None,
+) -> dict[str, ray.data.Dataset | CachedSplit]:
+    """A run's splits: ``{"train": ..., "val": ...}``.
 
-    ``val`` is left out when ``config.val_split`` is empty or the dataset has no such split.
+    ``train`` is a :class:`CachedSplit` when it fits ``config.cache_max_bytes`` (decoded once
+    here; the workers read it in one global order per epoch), else a streamed Ray dataset for
+    the trainer (``datasets=...``), as ``val`` always is. ``val`` is left out when ``config.val_split`` is empty or the dataset has no such split.
     Raises ValueError (before any worker starts) when the manifest does not match the config.
     ``epoch_offset``: the epoch a resumed run starts at, when the driver knows it. Ray counts
-    executions from 0 for every new dataset, so without it a resumed run would replay the block
-    orders of epochs 0, 1, ... (its row shuffles and flips still follow the true epoch); with it
-    the resumed epoch has the uninterrupted run's order. ``cached``: splits already decoded into
+    executions from 0 for every new dataset, so without it a resumed streamed run would replay
+    the file orders of epochs 0, 1, ... (its row shuffles and flips still follow the true epoch);
+    with it the resumed epoch has the uninterrupted run's order. ``cached``: splits already decoded into
     the object store by :func:`cache_splits` (a sweep decodes once for all its trials).
     """
     manifest = manifest or load_manifest(config.data_dir)
@@ -103,14 +111,20 @@ def build_datasets(
     )
     manifest.check_split(config.train_split, setting="data.train_split")
     cached = cached or {}
-    datasets = {
-        "train": build_split(
+    train = cached.get(config.train_split)
+    if train is None and _cacheable(manifest, config.train_split, config):
+        train = CachedSplit.from_dataset(
+            _decode(manifest, split=config.train_split, config=config, file_shuffle=None)
+        )
+    datasets: dict[str, ray.data.Dataset | CachedSplit] = {
+        "train": train
+        if isinstance(train, CachedSplit)
+        else build_split(
             manifest,
             split=config.train_split,
             config=config,
             train=True,
             epoch_offset=epoch_offset,
-            cached=cached.get(config.train_split),
         )
     }
     if config.val_split and config.val_split in manifest.splits:
@@ -131,16 +145,19 @@ def build_datasets(
     return datasets
 
 
-def cache_splits(config: DataConfig, *, manifest: Manifest) -> dict[str, ray.data.Dataset]:
+def cache_splits(
+    config: DataConfig, *, manifest: Manifest
+) -> dict[str, ray.data.Dataset | CachedSplit]:
     """The splits a run reads (train, val) that fit ``config.cache_max_bytes``, decoded once
     into the object store: pass them to :func:`build_datasets` (``cached=``) of every run that
     reads the same dataset. Their owner (this process) must outlive those runs."""
-    splits = [config.train_split, *([config.val_split] if config.val_split else [])]
-    return {
-        split: _decode(manifest, split=split, config=config, file_shuffle=None).materialize()
-        for split in splits
-        if split in manifest.splits and _cacheable(manifest, split, config)
-    }
+    cached: dict[str, ray.data.Dataset | CachedSplit] = {}
+    for split in [config.train_split, *([config.val_split] if config.val_split else [])]:
+        if split in manifest.splits and _cacheable(manifest, split, config):
+            decoded = _decode(manifest, split=split, config=config, file_shuffle=None)
+            train = split == config.train_split
+            cached[split] = CachedSplit.from_dataset(decoded) if train else decoded.materialize()
+    return cached
 
 
 def _cacheable(manifest: Manifest, split: str, config: DataConfig) -> bool:
@@ -180,15 +197,15 @@ def build_split(
     epoch_offset: int = 0,
     cached: ray.data.Dataset | None = None,
 ) -> ray.data.Dataset:
-    """One split as a decoded dataset (columns ``image``, ``label``, ``index``, ``key``).
+    """One split as a decoded Ray dataset (columns ``image``, ``label``, ``index``, ``key``).
 
-    ``train=True`` adds the per-epoch block / file reordering; validation data keeps its order.
-    ``cached``: this split as :func:`cache_splits` decoded it (else it is decoded here: cached
-    when it fits ``config.cache_max_bytes``, streamed otherwise).
+    ``train=True``: the training split streamed, its shard-file order re-seeded per epoch (a
+    training split that fits the cache is a :class:`CachedSplit` instead, :func:`build_datasets`).
+    Validation data keeps its order, cached when it fits ``config.cache_max_bytes``; ``cached``:
+    this split as :func:`cache_splits` decoded it.
     """
-    from ray.data import FileShuffleConfig, RandomSeedConfig
+    from ray.data import FileShuffleConfig
 
-    cache = cached is not None or _cacheable(manifest, split, config)
     reorder = train and config.shuffle_blocks
     if cached is not None:
         dataset = cached
@@ -196,18 +213,12 @@ def build_split(
         # reseed_after_execution: Ray mixes the execution index (the epoch) into the seed.
         file_shuffle = (
             FileShuffleConfig(seed=block_order_seed(config.seed), reseed_after_execution=True)
-            if reorder and not cache
+            if reorder
             else None
         )
         dataset = _decode(manifest, split=split, config=config, file_shuffle=file_shuffle)
-        if cache:
+        if not train and _cacheable(manifest, split, config):
             dataset = dataset.materialize()
-    if cache and reorder:
-        # All-to-all, but over cached block references: free. (On a streamed dataset it
-        # would hold a whole epoch in the object store, hence the file shuffle there.)
-        dataset = dataset.randomize_block_order(
-            seed=RandomSeedConfig(seed=block_order_seed(config.seed), reseed_after_execution=True)
-        )
     dataset.context.execution_options.preserve_order = config.deterministic
     if reorder and epoch_offset:
         # A resumed run builds a new dataset, whose executions Ray counts from 0: start its
@@ -347,10 +358,40 @@ def make_collate_fn(
     )
 
 
+def collate_rows(
+    batch: dict[str, np.ndarray],
+    *,
+    seed: int,
+    epoch: int,
+    random_flip: bool,
+    class_cond: bool,
+    with_keys: bool,
+) -> dict[str, Any]:
+    """Decoded rows (``image`` uint8 [B, C, H, W], ``index``, ``label``, ``key``) -> the training
+    batch: ``epoch``'s flips, then normalisation to float32 torch tensors."""
+    import torch
+
+    image = batch["image"]
+    index = batch["index"]
+    if random_flip:
+        # Flip the uint8 pixels: a quarter of the bytes of flipping floats.
+        flip = flip_mask(index, seed=seed, epoch=epoch)
+        image = np.where(flip[:, None, None, None], image[..., ::-1], image)
+    # New arrays throughout: Arrow-backed batches are read-only, torch wants writable.
+    out: dict[str, torch.Tensor | list[str]] = {
+        "x": torch.from_numpy(normalise(image)),
+        "index": torch.from_numpy(np.array(index, dtype=np.int64)),
+    }
+    if class_cond:
+        out["y"] = torch.from_numpy(np.array(batch["label"], dtype=np.int64))
+    if with_keys:
+        out["key"] = [str(k) for k in batch["key"]]
+    return out
+
+
 @functools.cache
 def _collate_class() -> type:
     # Defined on first use so that importing this module does not import Ray or torch.
-    import torch
     from ray.data.collate_fn import NumpyBatchCollateFn
 
     class EpochCollate(NumpyBatchCollateFn):
@@ -367,21 +408,13 @@ def _collate_class() -> type:
             self.with_keys = with_keys
 
         def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-            image = batch["image"]  # uint8 [B, C, H, W]
-            index = batch["index"]
-            if self.random_flip:
-                # Flip the uint8 pixels: a quarter of the bytes of flipping floats.
-                flip = flip_mask(index, seed=self.seed, epoch=self.epoch)
-                image = np.where(flip[:, None, None, None], image[..., ::-1], image)
-            # New arrays throughout: Arrow-backed batches are read-only, torch wants writable.
-            out: dict[str, torch.Tensor | list[str]] = {
-                "x": torch.from_numpy(normalise(image)),
-                "index": torch.from_numpy(np.array(index, dtype=np.int64)),
-            }
-            if self.class_cond:
-                out["y"] = torch.from_numpy(np.array(batch["label"], dtype=np.int64))
-            if self.with_keys:
-                out["key"] = [str(k) for k in batch["key"]]
-            return out
+            return collate_rows(
+                batch,
+                seed=self.seed,
+                epoch=self.epoch,
+                random_flip=self.random_flip,
+                class_cond=self.class_cond,
+                with_keys=self.with_keys,
+            )
 
     return EpochCollate

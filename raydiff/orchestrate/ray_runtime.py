@@ -24,6 +24,7 @@ import torch.distributed as dist
 from raydiff.config import ExperimentConfig
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import ScheduleSampler, UniformSampler
+from raydiff.data.cached_split import CachedSplit
 from raydiff.data.pipeline import iterate_batches
 from raydiff.orchestrate.loss_history_actor import ActorSyncedSampler
 from raydiff.orchestrate.metrics import TrainingMetrics
@@ -53,8 +54,10 @@ class RayRuntime:
         output_dir: Path | RemotePath,
         resume: Path | RemotePath | None,
         has_val: bool,
+        cached_train: CachedSplit | None = None,
     ) -> None:
         self.config = config
+        self.cached_train = cached_train
         self.rank, self.world_size = rank, world_size
         self.actor_key = actor_key
         self.output_dir = output_dir
@@ -114,7 +117,18 @@ class RayRuntime:
     def train_batches(
         self, *, batch_size: int, position: DataPosition
     ) -> Iterator[tuple[int, Batch]]:
-        # Every rank skips the batches of the resumed epoch the run already trained on (per-rank
+        if self.cached_train is not None:
+            # This rank's slice of each global batch of one per-epoch order: the global batches
+            # (and the position) do not depend on the number of workers.
+            return self.cached_train.batches(
+                global_batch=batch_size * self.world_size,
+                config=self.config.data,
+                rank=self.rank,
+                world_size=self.world_size,
+                epoch_start=position.epoch,
+                skip_batches=position.batches,
+            )
+        # A streamed split: every rank skips the batches of the resumed epoch the run already trained on (per-rank
         # batches per epoch do not depend on the worker count: rows / global batch).
         return iterate_batches(
             ray.train.get_dataset_shard("train"),

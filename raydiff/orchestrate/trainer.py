@@ -69,16 +69,18 @@ def sampler_actor_key(run_dir: Path | RemotePath) -> str:
     return f"{run_dir.name}-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]}"
 
 
-def dataset_config(data: DataConfig) -> ray.train.DataConfig:
-    """How Ray Train hands a run's datasets to its workers: ``train`` streaming-split into equal
-    shards, ``val`` (the first ``eval_num_images`` rows) whole to every worker, both with the
-    run's execution options (without them Train drops ``preserve_order``)."""
+def dataset_config(data: DataConfig, *, split_train: bool = True) -> ray.train.DataConfig:
+    """How Ray Train hands a run's datasets to its workers: ``train`` (when streamed,
+    ``split_train``) streaming-split into equal shards, ``val`` (the first ``eval_num_images``
+    rows) whole to every worker, both with the run's execution options (without them Train drops
+    ``preserve_order``)."""
     import ray.train
 
     from raydiff.data.pipeline import execution_options
 
     return ray.train.DataConfig(
-        datasets_to_split=["train"], execution_options=execution_options(data)
+        datasets_to_split=["train"] if split_train else [],
+        execution_options=execution_options(data),
     )
 
 
@@ -271,9 +273,14 @@ def _torch_trainer(
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from raydiff.data.cached_split import CachedSplit
     from raydiff.orchestrate.worker import train_loop_per_worker
 
     scaling = config.scaling
+    cached_train = datasets.get("train")
+    if not isinstance(cached_train, CachedSplit):
+        cached_train = None
+    ray_datasets = {name: d for name, d in datasets.items() if not isinstance(d, CachedSplit)}
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -285,7 +292,8 @@ def _torch_trainer(
             # the newest complete checkpoint in the folder (also one a --single-process run
             # wrote).
             "resume": start.checkpoint,
-            "datasets": sorted(datasets),
+            "datasets": sorted(ray_datasets),
+            "cached_train": cached_train,  # its blocks' references: each node maps them once
             "verbose": verbose(),
         },
         torch_config=TorchConfig(),
@@ -302,8 +310,8 @@ def _torch_trainer(
             logging_config=ray.train.LoggingConfig(log_level=train_log_level()),
             callbacks=callbacks,
         ),
-        datasets=datasets,
-        dataset_config=dataset_config(config.data),
+        datasets=ray_datasets,
+        dataset_config=dataset_config(config.data, split_train="train" in ray_datasets),
     )
 
 

@@ -28,8 +28,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     ``loop_config``: ``config`` (the ExperimentConfig itself), ``actor_key`` (names the run's
     loss-history actor), ``output_dir``, ``resume`` (the checkpoint to start from when Ray Train has
     none of its own for this run; both local paths, or ``raydiff.storage.RemotePath`` s that
-    carry their filesystem), ``datasets`` (the names of the datasets passed to Train) and
-    ``verbose`` (``raydiff -v``: Ray's console output as Ray makes it).
+    carry their filesystem), ``datasets`` (the names of the datasets passed to Train),
+    ``cached_train`` (the training split as a ``raydiff.data.cached_split.CachedSplit``, or None
+    when it is streamed through Train's ``datasets``) and ``verbose`` (``raydiff -v``: Ray's console output as Ray makes it).
     """
     config: ExperimentConfig = loop_config["config"]
     if "train" in loop_config["datasets"]:
@@ -46,6 +47,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         output_dir=as_location(loop_config["output_dir"]),
         resume=as_location(loop_config["resume"]) if loop_config["resume"] else None,
         has_val="val" in loop_config["datasets"],
+        cached_train=loop_config["cached_train"],
     )
     _configure_logging(runtime.rank, verbose=loop_config["verbose"])
     return run_loop(config, runtime=runtime, output_dir=runtime.output_dir)

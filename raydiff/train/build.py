@@ -56,6 +56,7 @@ def build_trainer(
         local_batch_size=config.train.per_worker_batch(runtime.world_size),
         device=runtime.device,
         rank=runtime.rank,
+        world_size=runtime.world_size,
     )
     objective = (
         f"{diffusion.model_mean_type.name}, {diffusion.loss_type.name}"

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from raydiff.train.runtime import Runtime
 
 Batch = dict[str, Any]
-"""``x`` float32 [B, C, H, W] in [-1, 1], ``index`` int64 [B], ``y`` int64 [B] when labelled."""
+"""``x`` float32 [B, C, H, W] in [-1, 1], ``index`` int64 [B], ``y`` int64 [B] when labelled;
+in :data:`Losses`, also ``noise`` (like ``x``): the step's standard normal draw for these rows
+(``raydiff.train.trainer.Trainer``), the noise of ``q_sample``."""
 
 ValBatches = list[tuple[torch.Tensor, dict[str, torch.Tensor]]]
 """Validation images on the device, with their labels (``y``) when the runtime was asked for

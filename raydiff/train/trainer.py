@@ -53,13 +53,16 @@ class Trainer:
     :param losses: the task's per-sample loss terms of a microbatch (``Task.losses``).
     :param raw_model: the unwrapped module (for EMA and checkpoints); defaults to ``model``.
     :param local_batch_size: this worker's share of the global batch.
-    :param rank: this worker's rank; it keys the worker's random streams.
+    :param rank, world_size: this worker's place in the data-parallel group.
     :param loss_sync: gathers (t, loss) across workers for a loss-aware sampler.
 
-    Every random draw of a step (dropout, the q_sample noise, the timesteps) comes from streams
-    seeded by (``train.seed``, rank, step) at the start of the step. A run resumed at step k, on
-    any number of workers, therefore draws exactly what the uninterrupted run drew at step k, and
-    no generator state needs saving.
+    Every random draw of a step is seeded at the start of the step, so a run resumed at step k
+    draws what the uninterrupted run drew at step k, and no generator state needs saving. The
+    timesteps and the q_sample noise are drawn for the whole global batch from streams keyed by
+    (``train.seed``, step), and each rank takes its rows' share: a global batch's draws do not
+    depend on the number of workers (a run resized mid-way trains as the fixed-size run does, to
+    the rounding of the gradient reduction). The model's own draws (dropout) and a task's
+    augmentations come from a stream keyed by (``train.seed``, rank, step).
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class Trainer:
         device: torch.device,
         raw_model: torch.nn.Module | None = None,
         rank: int = 0,
+        world_size: int = 1,
         loss_sync: LossSync | None = None,
     ) -> None:
         self.model = model
@@ -84,7 +88,8 @@ class Trainer:
         self.train_config = train
         self.device = device
         self.local_batch_size = local_batch_size
-        self.rank = rank
+        self.rank, self.world_size = rank, world_size
+        self.noise_generator = torch.Generator(device=device)
         self.microbatch = train.microbatch if train.microbatch > 0 else local_batch_size
         if local_batch_size % self.microbatch:
             raise ValueError(
@@ -137,8 +142,9 @@ class Trainer:
     def _begin_step(self) -> float:
         """Seed the step's random streams, set its learning rate, clear the gradients."""
         seed = self.train_config.seed
-        torch.manual_seed(derive_seed(seed, "step", self.rank, self.step))  # dropout, noise
-        self.sampler.generator.manual_seed(derive_seed(seed, "timesteps", self.rank, self.step))
+        torch.manual_seed(derive_seed(seed, "step", self.rank, self.step))  # dropout, crops
+        self.sampler.generator.manual_seed(derive_seed(seed, "timesteps", self.step))
+        self.noise_generator.manual_seed(derive_seed(seed, "noise", self.step))
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -151,11 +157,13 @@ class Trainer:
         """Backward over every microbatch: the timesteps, importance weights and per-sample
         loss terms of the whole local batch."""
         all_t, all_weights, all_terms = [], [], {}
+        step_t, step_weights, step_noise = self._draw_for_batch(batch["x"])
         num_micro = self.local_batch_size // self.microbatch
         for i in range(num_micro):
             sl = slice(i * self.microbatch, (i + 1) * self.microbatch)
             micro = {k: v[sl].to(self.device, non_blocking=True) for k, v in batch.items()}
-            t, weights = self.sampler.sample(self.microbatch, self.device)
+            micro["noise"] = step_noise[sl]
+            t, weights = step_t[sl], step_weights[sl]
             last = i == num_micro - 1
             # DDP: all-reduce gradients only once, after the last microbatch.
             sync_ctx = (
@@ -177,6 +185,18 @@ class Trainer:
                 all_terms.setdefault(key, []).append(value.detach().float())
         losses = {k: torch.cat(v) for k, v in all_terms.items()}
         return torch.cat(all_t), torch.cat(all_weights), losses
+
+    def _draw_for_batch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's timesteps, importance weights and noise: its rows of the global batch's
+        draws (a draw for each of ``world_size * local_batch_size`` rows, on every rank: the
+        timesteps and noise of a global batch do not depend on how it is split)."""
+        size = self.local_batch_size * self.world_size
+        mine = slice(self.rank * self.local_batch_size, (self.rank + 1) * self.local_batch_size)
+        t, weights = self.sampler.sample(size, self.device)
+        noise = torch.randn(
+            (size, *x.shape[1:]), generator=self.noise_generator, device=self.device
+        )
+        return t[mine], weights[mine], noise[mine]
 
     def _apply_gradients(self) -> tuple[torch.Tensor, bool]:
         """Unscale, clip and step (or skip a step with non-finite gradients); EMA after a step.

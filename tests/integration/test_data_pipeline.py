@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import uuid
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from raydiff.data import DataConfig, build_datasets, iterate_batches, load_manifest
+from raydiff.data.cached_split import CachedSplit
 from raydiff.data.pipeline import flip_mask
 
 
@@ -27,11 +29,18 @@ def _config(tiny_dataset: Any, **overrides: object) -> DataConfig:
     return DataConfig(**values)  # type: ignore[arg-type]
 
 
+def train_batches(train: Any, **kwargs: Any) -> Any:
+    """One worker's batches of a training split, cached (one global order) or streamed."""
+    if isinstance(train, CachedSplit):
+        return train.batches(global_batch=kwargs.pop("batch_size"), **kwargs)
+    return iterate_batches(train, **kwargs)
+
+
 def _epoch_orders(config: DataConfig, *, num_epochs: int = 3) -> list[list[int]]:
     """Row indices in the order one consumer sees them, per epoch, from a fresh dataset."""
     train = build_datasets(config)["train"]
     orders: list[list[int]] = [[] for _ in range(num_epochs)]
-    for epoch, batch in iterate_batches(train, batch_size=16, config=config, num_epochs=num_epochs):
+    for epoch, batch in train_batches(train, batch_size=16, config=config, num_epochs=num_epochs):
         orders[epoch].extend(batch["index"].tolist())
     return orders
 
@@ -52,14 +61,14 @@ def test_skip_batches_continues_inside_the_first_epoch(
     full = _epoch_orders(config, num_epochs=2)
     train = build_datasets(config)["train"]
     resumed: list[list[int]] = [[], []]
-    for epoch, batch in iterate_batches(
+    for epoch, batch in train_batches(
         train, batch_size=16, config=config, num_epochs=2, skip_batches=5
     ):
         resumed[epoch].extend(batch["index"].tolist())
     assert resumed[0] == full[0][5 * 16 :]
     assert resumed[1] == full[1]
     with pytest.raises(ValueError, match="skip_batches=-1 is invalid"):
-        next(iterate_batches(train, batch_size=16, config=config, skip_batches=-1))
+        next(train_batches(train, batch_size=16, config=config, skip_batches=-1))
 
 
 @pytest.mark.parametrize("cache_max_bytes", [1 << 30, 0], ids=["cached", "streamed"])
@@ -72,7 +81,7 @@ def test_a_run_resumed_in_a_later_epoch_sees_that_epochs_order(
     full = _epoch_orders(config, num_epochs=4)
     train = build_datasets(config, epoch_offset=2)["train"]
     resumed: list[list[int]] = [[], []]
-    for epoch, batch in iterate_batches(
+    for epoch, batch in train_batches(
         train, batch_size=16, config=config, epoch_start=2, num_epochs=2, skip_batches=5
     ):
         resumed[epoch - 2].extend(batch["index"].tolist())
@@ -129,7 +138,7 @@ def test_batches_are_normalised_flipped_and_labelled(ray_cluster: None, tiny_dat
     config = _config(tiny_dataset, class_cond=True, shuffle_buffer_size=0)
     plain = dataclasses.replace(config, random_flip=False)
     unflipped = {}
-    for _, batch in iterate_batches(
+    for _, batch in train_batches(
         build_datasets(plain)["train"], batch_size=16, config=plain, num_epochs=1
     ):
         for i, x in zip(batch["index"].tolist(), batch["x"], strict=True):
@@ -138,7 +147,7 @@ def test_batches_are_normalised_flipped_and_labelled(ray_cluster: None, tiny_dat
 
     train = build_datasets(config)["train"]
     num_flipped = 0
-    for epoch, batch in iterate_batches(train, batch_size=16, config=config, num_epochs=2):
+    for epoch, batch in train_batches(train, batch_size=16, config=config, num_epochs=2):
         x, y, index = batch["x"], batch["y"], batch["index"]
         assert x.shape == (
             16,
@@ -169,14 +178,19 @@ def test_validation_iterates_once_in_order_unflipped(ray_cluster: None, tiny_dat
     ]
 
 
-def _run_two_workers(tiny_dataset: Any, storage: Path, out: Path) -> dict[int, dict]:
-    """A real TorchTrainer with 2 workers; each writes the keys it saw per epoch to ``out``."""
+def _run_two_workers(
+    tiny_dataset: Any, storage: Path, out: Path, *, cache_max_bytes: int = 0
+) -> dict[int, dict]:
+    """A real TorchTrainer with 2 workers (batches of 16 each), handed the datasets as a training
+    run hands them out; each writes the keys it saw per epoch to ``out``."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
     from raydiff.orchestrate.trainer import dataset_config
 
-    config = _config(tiny_dataset, class_cond=True)
+    config = _config(tiny_dataset, class_cond=True, cache_max_bytes=cache_max_bytes)
+    datasets = build_datasets(config)
+    cached = datasets.pop("train") if isinstance(datasets["train"], CachedSplit) else None
 
     def loop(loop_config: dict) -> None:
         import json
@@ -189,10 +203,22 @@ def _run_two_workers(tiny_dataset: Any, storage: Path, out: Path) -> dict[int, d
         data = DataConfig(**loop_config["data"])
         rank = ray.train.get_context().get_world_rank()
         seen: dict[str, list[str]] = {}
-        shard = ray.train.get_dataset_shard("train")
-        for epoch, batch in iterate_batches(
-            shard, batch_size=16, config=data, rank=rank, num_epochs=2, with_keys=True
-        ):
+        split = loop_config["cached"]
+        batches = (
+            split.batches(
+                global_batch=32, config=data, rank=rank, world_size=2, num_epochs=2, with_keys=True
+            )
+            if split is not None
+            else iterate_batches(
+                ray.train.get_dataset_shard("train"),
+                batch_size=16,
+                config=data,
+                rank=rank,
+                num_epochs=2,
+                with_keys=True,
+            )
+        )
+        for epoch, batch in batches:
             assert batch["y"].shape == (16,)
             seen.setdefault(str(epoch), []).extend(batch["key"])
         val_shard = ray.train.get_dataset_shard("val")
@@ -208,20 +234,25 @@ def _run_two_workers(tiny_dataset: Any, storage: Path, out: Path) -> dict[int, d
     out.mkdir(parents=True)
     trainer = TorchTrainer(
         loop,
-        train_loop_config={"data": dataclasses.asdict(config), "out": str(out)},
+        train_loop_config={
+            "data": dataclasses.asdict(config),
+            "out": str(out),
+            "cached": cached,
+        },
         scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
         run_config=ray.train.RunConfig(
             name=f"split-{uuid.uuid4().hex[:8]}", storage_path=str(storage)
         ),
-        datasets=build_datasets(config),
-        dataset_config=dataset_config(config),  # as a training run hands them out
+        datasets=datasets,
+        dataset_config=dataset_config(config, split_train=cached is None),
     )
     trainer.fit()
     return {rank: json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)}
 
 
+@pytest.mark.parametrize("cache_max_bytes", [1 << 30, 0], ids=["cached", "streamed"])
 def test_two_workers_get_disjoint_shards_covering_each_epoch(
-    ray_cluster: None, tiny_dataset: Any, tmp_path: Path
+    ray_cluster: None, tiny_dataset: Any, tmp_path: Path, cache_max_bytes: int
 ) -> None:
     manifest = load_manifest(str(tiny_dataset.path))
     assert manifest.num_classes == tiny_dataset.num_classes
@@ -233,7 +264,8 @@ def test_two_workers_get_disjoint_shards_covering_each_epoch(
         }
         for split in ("train", "val")
     }
-    seen = _run_two_workers(tiny_dataset, tmp_path / "storage", tmp_path / "run1")
+    run = functools.partial(_run_two_workers, tiny_dataset, cache_max_bytes=cache_max_bytes)
+    seen = run(tmp_path / "storage", tmp_path / "run1")
     for epoch in ("0", "1"):
         rank0, rank1 = seen[0][epoch], seen[1][epoch]
         assert len(rank0) == len(rank1) == len(all_keys["train"]) // 2  # equal split
@@ -247,5 +279,52 @@ def test_two_workers_get_disjoint_shards_covering_each_epoch(
         assert seen[rank]["0"] != seen[rank]["1"], f"rank {rank}: same order in epochs 0 and 1"
 
     # deterministic=True: a second run with the same seed sees exactly the same stream per rank.
-    again = _run_two_workers(tiny_dataset, tmp_path / "storage", tmp_path / "run2")
+    again = run(tmp_path / "storage", tmp_path / "run2")
     assert again == seen
+    if cache_max_bytes:
+        # Cached: each global batch is rank 0's 16 rows then rank 1's, of one order per epoch;
+        # one worker reading the same split with the global batch sees the same batches.
+        split = build_datasets(_config(tiny_dataset, class_cond=True))["train"]
+        config = _config(tiny_dataset, class_cond=True)
+        for epoch, keys in _global_keys(split, config).items():
+            halves = [seen[rank][str(epoch)] for rank in (0, 1)]
+            merged = [
+                k for i in range(0, len(halves[0]), 16) for h in halves for k in h[i : i + 16]
+            ]
+            assert merged == keys
+
+
+def _global_keys(split: CachedSplit, config: DataConfig) -> dict[int, list[str]]:
+    keys: dict[int, list[str]] = {}
+    for epoch, batch in split.batches(global_batch=32, config=config, num_epochs=2, with_keys=True):
+        keys.setdefault(epoch, []).extend(batch["key"])
+    return keys
+
+
+def test_a_streamed_split_resumed_on_another_worker_count_keeps_its_position(
+    ray_cluster: None, tiny_dataset: Any
+) -> None:
+    # The streamed guarantee (raydiff.data.pipeline): a run of global batch 16 that trained 5
+    # batches of epoch 0 on one worker continues on 2 workers with the rest of the epoch's
+    # batches (13 of 18, the rows not necessarily the ones left), then full passes.
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = _config(tiny_dataset, cache_max_bytes=0, shuffle_buffer_size=64)
+    shards = build_datasets(config)["train"].streaming_split(2, equal=True)
+
+    def read(rank: int) -> list[tuple[int, list[int]]]:
+        return [
+            (epoch, batch["index"].tolist())
+            for epoch, batch in iterate_batches(
+                shards[rank], batch_size=8, config=config, rank=rank, num_epochs=2, skip_batches=5
+            )
+        ]
+
+    with ThreadPoolExecutor(2) as pool:  # the two shards are read at once, as two workers do
+        ranks = list(pool.map(read, (0, 1)))
+    for rank_batches in ranks:
+        assert [epoch for epoch, _ in rank_batches] == [0] * 13 + [1] * 18
+    epoch1 = [i for rank_batches in ranks for e, rows in rank_batches if e == 1 for i in rows]
+    assert sorted(epoch1) == list(range(tiny_dataset.num_train))  # a full pass, each row once
+    epoch0 = [i for rank_batches in ranks for e, rows in rank_batches if e == 0 for i in rows]
+    assert len(epoch0) == len(set(epoch0)) == 13 * 16

@@ -402,9 +402,9 @@ def test_train_step_weights_each_sample_by_its_importance():
     torch.testing.assert_close(result.weights, expected.float())
 
 
-def test_a_step_draws_from_streams_keyed_by_seed_rank_and_step():
-    """The same step of the same rank draws the same timesteps and noise, whatever ran before
-    (that is what makes a resumed run continue exactly); another rank or step draws others."""
+def test_a_step_draws_from_streams_keyed_by_seed_and_step():
+    """The same step draws the same timesteps and noise, whatever ran before (that is what makes
+    a resumed run continue exactly); another step draws others."""
     first = make_trainer(batch=16)
     other = make_trainer(batch=16)
     other.train_step(batch(16))  # one step ahead, then back to step 0's weights and counter
@@ -414,9 +414,26 @@ def test_a_step_draws_from_streams_keyed_by_seed_rank_and_step():
     assert torch.equal(a.timesteps, b.timesteps) and torch.equal(a.losses["loss"], b.losses["loss"])
     c = first.train_step(batch(16))  # step 1
     assert not torch.equal(a.timesteps, c.timesteps)
-    ranked = make_trainer(batch=16)
-    ranked.rank = 1
-    assert not torch.equal(a.timesteps, ranked.train_step(batch(16)).timesteps)
+
+
+def test_each_rank_takes_its_rows_of_the_global_batch_draws():
+    """Two ranks of 8 draw, between them, the timesteps and noise one worker draws for the
+    global batch of 16: the step's losses do not depend on the number of workers."""
+    whole = make_trainer(batch=16)
+    data = batch(16)
+    expected = whole.train_step(data)
+    halves = []
+    for rank in (0, 1):
+        trainer = make_trainer(batch=16)
+        trainer.local_batch_size, trainer.microbatch = 8, 4  # microbatches slice the rank's rows
+        trainer.rank, trainer.world_size = rank, 2
+        halves.append(
+            trainer.train_step({k: v[rank * 8 : (rank + 1) * 8] for k, v in data.items()})
+        )
+    assert torch.equal(torch.cat([h.timesteps for h in halves]), expected.timesteps)
+    torch.testing.assert_close(
+        torch.cat([h.losses["loss"] for h in halves]), expected.losses["loss"]
+    )
 
 
 def test_data_position_counts_batches_per_epoch_and_round_trips():

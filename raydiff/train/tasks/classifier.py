@@ -107,7 +107,7 @@ class ClassifierTask:
     ) -> dict[str, torch.Tensor]:
         """Cross-entropy and hits of ``batch["y"]`` on the (cropped) batch at ``t``."""
         x = random_resized_crop(batch["x"]) if self.random_crop else batch["x"]
-        x_t, t = self.inputs(x, t)
+        x_t, t = self.inputs(x, t, batch.get("noise"))
         return classification_terms(model(x_t, t), batch["y"])
 
     def evaluate(

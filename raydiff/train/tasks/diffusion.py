@@ -62,7 +62,9 @@ class DiffusionTask:
     ) -> dict[str, torch.Tensor]:
         """``training_losses`` of ``batch["x"]``; labels reach the model as ``y``."""
         kwargs = {"y": batch["y"]} if "y" in batch else {}
-        return self.diffusion.training_losses(model, batch["x"], t, model_kwargs=kwargs)
+        return self.diffusion.training_losses(
+            model, batch["x"], t, model_kwargs=kwargs, noise=batch.get("noise")
+        )
 
     def evaluate(
         self, model: torch.nn.Module, batches: ValBatches, *, seed: int

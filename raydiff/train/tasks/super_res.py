@@ -61,7 +61,9 @@ class SuperResTask(DiffusionTask):
         kwargs = {"low_res": low_res_of(batch["x"], self.small_size)}
         if "y" in batch:
             kwargs["y"] = batch["y"]
-        return self.diffusion.training_losses(model, batch["x"], t, model_kwargs=kwargs)
+        return self.diffusion.training_losses(
+            model, batch["x"], t, model_kwargs=kwargs, noise=batch.get("noise")
+        )
 
     def evaluate(
         self, model: torch.nn.Module, batches: ValBatches, *, seed: int
