@@ -633,6 +633,15 @@ class ScalingConfig:
     """CPUs reserved per worker; leave some CPUs free for Ray Data's decoding."""
     max_failures: int = 3
     """Worker-group restarts from the last checkpoint before the run fails (-1: unlimited)."""
+    max_preemption_failures: int = -1
+    """Restarts after a preemption (a node drained by its cloud or Kubernetes), counted apart
+    from max_failures (-1: unlimited)."""
+    preemption_check_interval: int = 1
+    """Steps between checks for a preemption notice, on which the run checkpoints at once and
+    waits for its restart (a barrier of all workers: ~2-7 ms on a CPU cluster; 0: never)."""
+    resize_check_interval_s: float = 60.0
+    """Seconds between an elastic run's checks for added capacity (a resize restarts the group
+    from its last checkpoint: keep it well above save_interval's time)."""
     checkpoints_to_keep: int = 3
     """Newest checkpoints kept in run storage."""
     sampler_refresh_interval: int = 10
@@ -657,6 +666,24 @@ class ScalingConfig:
             raise invalid(s, "cpus_per_worker", self.cpus_per_worker, "must be > 0")
         if self.max_failures < -1:
             raise invalid(s, "max_failures", self.max_failures, "must be >= 0, or -1 for unlimited")
+        if self.max_preemption_failures < -1:
+            raise invalid(
+                s,
+                "max_preemption_failures",
+                self.max_preemption_failures,
+                "must be >= 0, or -1 for unlimited",
+            )
+        if self.preemption_check_interval < 0:
+            raise invalid(
+                s,
+                "preemption_check_interval",
+                self.preemption_check_interval,
+                "must be >= 0 (0: never)",
+            )
+        if self.resize_check_interval_s < 0:
+            raise invalid(
+                s, "resize_check_interval_s", self.resize_check_interval_s, "must be >= 0"
+            )
         if self.checkpoints_to_keep < 1:
             raise invalid(s, "checkpoints_to_keep", self.checkpoints_to_keep, "must be >= 1")
         if self.sampler_refresh_interval < 1:

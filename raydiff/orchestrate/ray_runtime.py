@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,32 @@ class RayRuntime:
             # report returns; files.json, written last, tells a complete copy from a partial one
             # (raydiff.train.checkpoint).
             ray.train.report(metrics, checkpoint=saved, checkpoint_dir_name=checkpoint_name(step))
+
+    def preemption_notice(self, *, step: int) -> str | None:
+        interval = self.config.scaling.preemption_check_interval
+        if interval == 0 or step % interval:
+            return None
+        # A barrier of all ranks (rank 0 broadcasts what Ray Train's preemption watcher saw):
+        # every rank asks at the same steps.
+        info = ray.train.get_preemption_info()
+        if info is None:
+            return None
+        deadline = (
+            f"by {time.strftime('%H:%M:%S', time.localtime(info.deadline_ms / 1000))}"
+            if info.deadline_ms
+            else "with no deadline given"
+        )
+        nodes = ", ".join(node[:12] for node in sorted(info.preempted_node_ids))
+        ranks = ", ".join(map(str, sorted(info.preempted_ranks)))
+        return f"node(s) {nodes} (ranks {ranks}) will be taken away {deadline}"
+
+    def await_preemption(self) -> None:
+        # Steps trained now would be lost with the group (Ray Train restarts it from the
+        # checkpoint just saved), and a collective with the preempted ranks would fail once
+        # their node goes: idle until Ray Train stops this group (at the node's loss or its
+        # drain deadline).
+        while True:
+            time.sleep(1.0)
 
 
 def _broadcast_from_rank0(tensor: torch.Tensor) -> None:

@@ -301,11 +301,15 @@ def _torch_trainer(
             num_workers=scaling.num_workers,
             use_gpu=scaling.use_gpu,
             resources_per_worker={"CPU": scaling.cpus_per_worker},
+            elastic_resize_monitor_interval_s=scaling.resize_check_interval_s,
         ),
         run_config=ray.train.RunConfig(
             name=out.name,
             **storage_options(out),
-            failure_config=ray.train.FailureConfig(max_failures=scaling.max_failures),
+            failure_config=ray.train.FailureConfig(
+                max_failures=scaling.max_failures,
+                max_preemption_failures=scaling.max_preemption_failures,
+            ),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=scaling.checkpoints_to_keep),
             logging_config=ray.train.LoggingConfig(log_level=train_log_level()),
             callbacks=callbacks,

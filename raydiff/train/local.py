@@ -98,6 +98,12 @@ class LocalRuntime:
     def all_reduce_sum(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return values
 
+    def preemption_notice(self, *, step: int) -> str | None:
+        return None  # a single process has no cluster to be preempted from
+
+    def await_preemption(self) -> None:
+        raise RuntimeError("a single-process run receives no preemption notice")
+
     def report(
         self, metrics: dict[str, Any], *, step: int, checkpoint: CheckpointFiles | None
     ) -> None:

@@ -168,8 +168,11 @@ class TrainingLoop:
         checkpoint, in one report every rank makes."""
         step, train = self.trainer.step, self.train
         last = step == train.max_steps
+        preempted = None if last else self.runtime.preemption_notice(step=step)
+        if preempted is not None:
+            logger.warning("preemption notice at step %d: %s; checkpointing now", step, preempted)
         is_log = is_due(step, train.log_interval) or last
-        is_save = is_due(step, train.save_interval) or last
+        is_save = is_due(step, train.save_interval) or last or preempted is not None
         is_eval = is_due(step, train.eval_interval) or last
         if self.runtime.is_main and (is_due(step, train.sample_interval) or last):
             self.preview()
@@ -185,6 +188,9 @@ class TrainingLoop:
         checkpoint = self.checkpoint() if is_save else None
         self.runtime.report(report, step=step, checkpoint=checkpoint)
         self.last_report.update(report)
+        if preempted is not None:
+            logger.warning("step %d saved; waiting for the worker group's restart", step)
+            self.runtime.await_preemption()
 
     # ------------------------------------------------------------------ log, evaluate, preview
 

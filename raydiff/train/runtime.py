@@ -8,9 +8,10 @@
 * ``raydiff.orchestrate.ray_runtime.RayRuntime``: a Ray Train worker (DDP, Ray Data shard, the
   loss-history actor, ``ray.train.report``).
 
-Contract for the loop: every rank calls :meth:`Runtime.report` at the same steps (on Ray it is a
-barrier and must be called the same number of times everywhere), and the checkpoint files
-function handed to it is called on the main rank only.
+Contract for the loop: every rank calls :meth:`Runtime.report` and
+:meth:`Runtime.preemption_notice` at the same steps (on Ray they are barriers and must be called
+the same number of times everywhere), and the checkpoint files function handed to ``report`` is
+called on the main rank only.
 """
 
 from __future__ import annotations
@@ -75,4 +76,14 @@ class Runtime(Protocol):
         self, metrics: dict[str, Any], *, step: int, checkpoint: CheckpointFiles | None
     ) -> None:
         """Publish ``metrics``; with ``checkpoint``, also save a checkpoint of ``step``."""
+        ...
+
+    def preemption_notice(self, *, step: int) -> str | None:
+        """After each ``step``: what is being preempted when a node of this worker group is
+        (the loop then checkpoints at once), else None. Every rank calls it after every step."""
+        ...
+
+    def await_preemption(self) -> None:
+        """After the checkpoint of a preemption notice: wait, training nothing more, for the
+        worker group to be stopped (it is restarted from that checkpoint)."""
         ...

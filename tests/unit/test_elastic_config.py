@@ -4,6 +4,7 @@ before anything starts."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -70,3 +71,20 @@ def test_the_train_command_refuses_a_range_the_batch_cannot_follow(tmp_path, cap
     err = capsys.readouterr().err
     assert "2-3: 3 workers cannot take it; batch_size=36" in err
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("max_preemption_failures", -2, "must be >= 0, or -1 for unlimited"),
+        ("preemption_check_interval", -1, "must be >= 0 (0: never)"),
+        ("resize_check_interval_s", -0.5, "must be >= 0"),
+    ],
+)
+def test_bad_preemption_and_resize_settings_are_refused(field, value, reason):
+    with pytest.raises(ConfigError, match=rf"scaling\.{field}.*{re.escape(reason)}"):
+        ScalingConfig(**{field: value})
+    # The defaults: unlimited preemptions, a check after every step, Ray's 60 s resize check.
+    scaling = ScalingConfig()
+    assert (scaling.max_preemption_failures, scaling.preemption_check_interval) == (-1, 1)
+    assert scaling.resize_check_interval_s == 60.0

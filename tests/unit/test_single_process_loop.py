@@ -205,3 +205,35 @@ def test_ranks_with_different_weights_stop_the_run_before_it_checkpoints(tmp_pat
     with pytest.raises(RanksOutOfSyncError, match="at step 3 the data-parallel ranks hold"):
         two_rank_run(tmp_path, drift=1e-9)
     assert not list(tmp_path.glob("checkpoint_*"))
+
+
+class _Preempted(Exception):
+    """Stands for Ray Train stopping the worker group after a preemption notice."""
+
+
+class NoticeAtStep(LocalRuntime):
+    """A runtime that receives a preemption notice after step ``notice_step``."""
+
+    notice_step = 5
+
+    def preemption_notice(self, *, step: int) -> str | None:
+        self.asked = [*getattr(self, "asked", []), step]
+        return "node n1 (ranks 1) will be taken away" if step == self.notice_step else None
+
+    def await_preemption(self) -> None:
+        raise _Preempted
+
+
+def test_a_preemption_notice_checkpoints_at_once_then_waits(tmp_path: Path) -> None:
+    # Checkpoints are due at 3 and 6: the notice after step 5 saves step 5 at once (at most one
+    # step of work is lost with the preempted node), then the loop trains no further.
+    config = tiny_config(9)
+    runtime = NoticeAtStep(config, output_dir=tmp_path, resume=None, images=images(), labels=None)
+    with pytest.raises(_Preempted):
+        run_loop(config, runtime=runtime, output_dir=tmp_path)
+    assert runtime.asked == [1, 2, 3, 4, 5]  # after every step, the same on every rank
+    assert latest_checkpoint(tmp_path).name == "checkpoint_000005"
+    assert read_progress(tmp_path / "checkpoint_000005")["epoch_samples"] == 5 * BATCH
+    assert not (tmp_path / "checkpoint_000006").exists()
+    # The restarted group continues from the notice's checkpoint to the end.
+    assert run(9, tmp_path)["step"] == 9
