@@ -60,3 +60,20 @@ def test_the_dashboard_listens_on_localhost_only(name: str) -> None:
     assert "ray start --head" in head_start
     assert re.search(r"--dashboard-host[= ]127\.0\.0\.1\b", head_start)
     assert "0.0.0.0" not in head_start
+
+
+def test_the_commented_spot_worker_type_is_a_gpu_type_on_spot_once_uncommented() -> None:
+    text = (ROOT / "cluster.yaml").read_text()
+    lines = text.splitlines()
+    start = lines.index("  # gpu_spot:")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("  #"):
+            break
+        block.append("  " + line.removeprefix("  # "))
+    uncommented = "\n".join([*lines[:start], *block, *lines[start + len(block) :]])
+    types = yaml.safe_load(uncommented)["available_node_types"]
+    spot, on_demand = types["gpu_spot"], types["gpu"]
+    assert spot["node_config"]["InstanceMarketOptions"] == {"MarketType": "spot"}
+    assert spot["node_config"]["InstanceType"] == on_demand["node_config"]["InstanceType"]
+    assert set(spot) == set(on_demand) and spot["min_workers"] == 0
