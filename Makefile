@@ -1,6 +1,6 @@
 # raydiff developer entry points. `make demo` and `make test` each set the machine up first
 # (virtualenv, pinned packages, dataset) through scripts/setup.sh.
-.PHONY: setup demo sweep test coverage test-unit test-integration test-slow test-gpu lint format bench bench-data bench-overhead bench-startup bench-sweep bench-sampling bench-gpu bench-parity data constraints config-doc
+.PHONY: setup demo sweep test coverage test-unit test-integration test-slow test-elastic test-gpu lint format bench bench-data bench-overhead bench-startup bench-sweep bench-sampling bench-gpu bench-parity data constraints config-doc
 
 
 setup:
@@ -53,6 +53,11 @@ test-integration:
 
 test-slow:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m slow $(PYTEST_ARGS)
+
+# Elastic and preemptible training on a multi-node cluster on this machine (about 3 minutes):
+# a node removed, a node added, a preemption notice; the loss per step against one process.
+test-elastic:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m elastic -s tests/integration/test_elastic.py $(PYTEST_ARGS)
 
 # The gpu tier (tests/gpu): fp16 and bf16 training steps, NCCL DDP with 2+ GPUs, sampling on a
 # GPU actor. Skipped without CUDA; not part of `make test` (CI has no GPU).

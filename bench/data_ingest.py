@@ -6,9 +6,10 @@
 For 32x32x1 and 64x64x3 images (Fashion-MNIST, prepared by ``raydiff prepare``):
 
 * Ray Data: a real ``TorchTrainer`` with 1 and 2 workers (0.5 CPU each, the rest of a 4-CPU
-  local cluster left to Ray Data), each consuming ``iterate_batches`` (decode, normalise, flip,
-  shuffle buffer, per-worker batch 64) for ``--batches`` batches after ``--warmup``; both with the
-  decoded dataset cached in the object store and streamed from the shards.
+  local cluster left to Ray Data), per-worker batch 64, for ``--batches`` batches after
+  ``--warmup``: with the decoded dataset cached in the object store (``CachedSplit.batches``:
+  this rank's rows of each global batch, flip, normalise) and streamed from the shards
+  (``iterate_batches``: decode, normalise, flip, shuffle buffer).
 * DataLoader: ``torch.utils.data.DataLoader`` over the same PNG files written out as an image
   folder, with the same decode, normalisation and flip, ``num_workers`` = cores (and 1, as in
   improved-diffusion), ``shuffle=True``, batch 64.
@@ -70,7 +71,7 @@ def ray_ingest(
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from raydiff.data import DataConfig, build_datasets, execution_options
+    from raydiff.data import DataConfig, build_datasets
 
     config = DataConfig(
         data_dir=str(dataset),
@@ -83,6 +84,10 @@ def ray_ingest(
     started = time.perf_counter()
     datasets = build_datasets(config)
     build_seconds = time.perf_counter() - started
+    from raydiff.data.cached_split import CachedSplit
+    from raydiff.orchestrate.trainer import dataset_config
+
+    cached = datasets.pop("train") if isinstance(datasets["train"], CachedSplit) else None
     out = Path(tempfile.mkdtemp(prefix="ingest-", dir=args.work))
 
     def loop(loop_config: dict) -> None:
@@ -95,12 +100,23 @@ def ray_ingest(
         from raydiff.data import DataConfig, iterate_batches
 
         data = DataConfig(**loop_config["data"])
-        rank = ray.train.get_context().get_world_rank()
-        batches = iterate_batches(
-            ray.train.get_dataset_shard("train"),
-            batch_size=loop_config["batch_size"],
-            config=data,
-            rank=rank,
+        context = ray.train.get_context()
+        rank, world_size = context.get_world_rank(), context.get_world_size()
+        cached = loop_config["cached"]
+        batches = (
+            cached.batches(
+                global_batch=loop_config["batch_size"] * world_size,
+                config=data,
+                rank=rank,
+                world_size=world_size,
+            )
+            if cached is not None
+            else iterate_batches(
+                ray.train.get_dataset_shard("train"),
+                batch_size=loop_config["batch_size"],
+                config=data,
+                rank=rank,
+            )
         )
         for _ in range(loop_config["warmup"]):
             next(batches)
@@ -131,6 +147,7 @@ def ray_ingest(
             "warmup": args.warmup,
             "batches": args.batches,
             "out": str(out),
+            "cached": cached,
         },
         scaling_config=ray.train.ScalingConfig(
             num_workers=num_workers, resources_per_worker={"CPU": 0.5}
@@ -139,7 +156,7 @@ def ray_ingest(
             name=f"ingest-{uuid.uuid4().hex[:8]}", storage_path=str(args.work / "ray-runs")
         ),
         datasets=datasets,
-        dataset_config=ray.train.DataConfig(execution_options=execution_options(config)),
+        dataset_config=dataset_config(config, split_train=cached is None),
     )
     trainer.fit()
     per_rank = [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_workers)]

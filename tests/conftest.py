@@ -1,7 +1,8 @@
 """Test tiers by directory: tests/unit -> unit, tests/integration -> integration, tests/e2e -> slow,
 tests/gpu -> gpu.
 
-Select a tier with ``-m unit`` / ``-m integration`` / ``-m slow`` / ``-m gpu``. The gpu tier is
+Select a tier with ``-m unit`` / ``-m integration`` / ``-m slow`` / ``-m gpu`` / ``-m elastic``
+(tests/integration/test_elastic.py: elastic and preemptible training on a multi-node cluster). The gpu tier is
 skipped on a machine without CUDA.
 
 Under CI (the ``CI`` environment variable set, as ``.ci/run`` does), a tier must not pass
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 
 _TIERS = {"unit": "unit", "integration": "integration", "e2e": "slow", "gpu": "gpu"}
+# Modules of a directory's tier that form a tier of their own (minutes long: not in make test).
+_OWN_TIERS = {"test_elastic.py": "elastic"}
 
 # Integration tests that run Ray clusters of their own (several nodes, `ray start`) go first:
 # before the shared local cluster starts, whose idle processes would otherwise take CPU from
@@ -31,6 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(str(item.fspath)).parts
         for folder, marker in _TIERS.items():
             if folder in parts:
+                marker = _OWN_TIERS.get(parts[-1], marker)
                 item.add_marker(getattr(pytest.mark, marker))
     items.sort(key=lambda item: Path(str(item.fspath)).name not in _OWN_CLUSTERS)  # stable
     if any(item.get_closest_marker("gpu") for item in items) and not _has_cuda():

@@ -11,10 +11,12 @@ VALID_CHANNELS = (1, 3)
 
 @dataclass(kw_only=True)
 class DataConfig:
-    """Where the prepared dataset lives and how it is streamed to the training workers.
+    """Where the prepared dataset lives and how it reaches the training workers.
 
     The global batch size is not here: it belongs to the training config, which derives the
-    per-worker batch from it and passes that to ``iterate_batches``.
+    per-worker batch from it. A training split within ``cache_max_bytes`` is read in one seeded
+    order per epoch (``raydiff.data.cached_split``); the shuffle and order settings below are
+    those of a larger, streamed split.
     """
 
     data_dir: str = "data/fashion-mnist"
@@ -28,19 +30,21 @@ class DataConfig:
     random_flip: bool = True
     """Flip each training image horizontally with probability 1/2, seeded by (seed, epoch, row)."""
     shuffle_buffer_size: int = 2048
-    """Rows in each worker's local shuffle buffer (0 disables the row-level shuffle)."""
+    """Rows in each worker's local shuffle buffer of a streamed split (0: no row shuffle)."""
     shuffle_blocks: bool = True
-    """Reorder blocks (cached) or shard files (streaming) every epoch, seeded by (seed, epoch)."""
+    """Reorder a streamed split's shard files every epoch, seeded by (seed, epoch)."""
     deterministic: bool = True
-    """Keep Ray Data's output order fixed, so a seed reproduces every epoch's order exactly."""
+    """Keep Ray Data's output order fixed, so a seed reproduces a streamed epoch exactly."""
     cache_max_bytes: int = 1 << 30
-    """Decoded datasets up to this many bytes are decoded once and kept in the object store."""
+    """Splits up to this many decoded bytes are decoded once and kept in the object store; a
+    cached training split is fully reshuffled every epoch, the same batches at any worker count."""
     prefetch_batches: int = 4
-    """Batches each worker prepares ahead of the training step."""
+    """Batches each worker prepares ahead of the training step (streamed splits)."""
     decode_batch_size: int = 256
     """Rows per ``map_batches`` decode call on the Ray Data CPUs."""
     seed: int = 0
-    """Base seed of the block order, the shuffle buffer and the flips."""
+    """Base seed of the per-epoch order (cached), the file order and shuffle buffer
+    (streamed) and the flips."""
     train_split: str = "train"
     """Manifest split used for training."""
     val_split: str = "val"

@@ -394,7 +394,13 @@ class Driver:
     (stdout and stderr) goes to a file."""
 
     def __init__(
-        self, cluster: FaultCluster, data: Path, out: Path, *sets: str, name: str = "driver"
+        self,
+        cluster: FaultCluster,
+        data: Path,
+        out: Path,
+        *sets: str,
+        name: str = "driver",
+        env: dict[str, str] | None = None,
     ) -> None:
         self.out = out
         self.console = out.parent / f"{out.name}-{name}.log"
@@ -415,7 +421,11 @@ class Driver:
         self.ended: float | None = None
         with self.console.open("w") as console:
             self.process = subprocess.Popen(
-                self.command, cwd=REPO, env=cluster_env(), stdout=console, stderr=subprocess.STDOUT
+                self.command,
+                cwd=REPO,
+                env={**cluster_env(), **(env or {})},
+                stdout=console,
+                stderr=subprocess.STDOUT,
             )
 
     def text(self) -> str:
