@@ -74,7 +74,12 @@ class RunFailedError(RuntimeError):
 
 
 class RunInterruptedError(RuntimeError):
-    """The user stopped a run (Ctrl-C); the message says where it stands and how to continue."""
+    """The user stopped a run (Ctrl-C, or SIGTERM to a training driver); the message says where
+    it stands and how to continue. ``signal_name``: the signal that stopped it."""
+
+    def __init__(self, message: str, *, signal_name: str = "SIGINT") -> None:
+        super().__init__(message)
+        self.signal_name = signal_name
 
 
 def first_line(error: BaseException, *, limit: int = 200) -> str:

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 
 from raydiff.cli import evaluate, prepare, sample, sweep, train, train_classifier
 from raydiff.cli.arguments import flag_of
-from raydiff.cli.exit_codes import EXIT_INTERRUPTED, EXIT_RUN_FAILED, EXIT_USER_ERROR
+from raydiff.cli.exit_codes import (
+    EXIT_INTERRUPTED,
+    EXIT_RUN_FAILED,
+    EXIT_TERMINATED,
+    EXIT_USER_ERROR,
+)
 from raydiff.errors import ConfigError, RunFailedError, RunInterruptedError, UserInputError
 
 logger = logging.getLogger(__name__)
@@ -77,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_RUN_FAILED
     except RunInterruptedError as error:
         print(f"raydiff {args.command}: {error}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return EXIT_TERMINATED if error.signal_name == "SIGTERM" else EXIT_INTERRUPTED
 
 
 def render_error(error: Exception, args: argparse.Namespace) -> str:

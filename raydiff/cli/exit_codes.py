@@ -10,3 +10,7 @@ continues it."""
 EXIT_INTERRUPTED = 130
 """A sweep or a training run stopped by Ctrl-C (continue it with --resume / the same command),
 as shells report SIGINT."""
+
+EXIT_TERMINATED = 143
+"""A training run whose driver was sent SIGTERM (as a pod's stop sends it), stopped as Ctrl-C
+stops it; as shells report SIGTERM."""

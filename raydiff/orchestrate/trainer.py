@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -183,8 +184,10 @@ def _train_on_ray(
         config, out=out, start=start, actor_key=actor_key, datasets=datasets, callbacks=callbacks
     )
     max_failures = config.scaling.max_failures
+    terminated: list[str] = []
     try:
-        result = trainer.fit()
+        with sigterm_as_ctrl_c(terminated):
+            result = trainer.fit()
         evaluation = None
         if evaluator is not None:
             from raydiff.orchestrate.checkpoint_eval import wait_for_evaluations
@@ -195,9 +198,10 @@ def _train_on_ray(
     except SystemExit as error:
         # Ctrl-C: Ray Train's SIGINT handler aborts the run, and fit() leaves through SystemExit
         # with no message (status 0, or 1 from an interrupted ray.get). Say where it stands.
+        how = "SIGTERM" if terminated else "Ctrl-C (SIGINT)"
         raise RunInterruptedError(
-            f"stopped by Ctrl-C (SIGINT); Ray Train stopped the run's workers. "
-            f"{where_it_stands(out)}"
+            f"stopped by {how}; Ray Train stopped the run's workers. {where_it_stands(out)}",
+            signal_name="SIGTERM" if terminated else "SIGINT",
         ) from error
     finally:
         if actor_needed:
@@ -207,6 +211,31 @@ def _train_on_ray(
         if evaluator is not None:
             ray.kill(evaluator)
     return _final_metrics(result, evaluation=evaluation, out=out)
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c(received: list[str]) -> Iterator[None]:
+    """While the run trains, SIGTERM to the driver (a pod being stopped, ``kill``) stops it as
+    Ctrl-C does: Ray Train's SIGINT handler aborts the run and its workers, and the driver says
+    where the run stands. Without this, Ray's own handler prints a C++ stack trace and aborts
+    the process. Each SIGTERM is appended to ``received``. Off the main thread (a sweep trial)
+    signals are left alone."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        received.append("SIGTERM")
+        signal.raise_signal(signal.SIGINT)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        # Ray's C++ handler is not Python's to put back (getsignal gives None): the default.
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _start_session(
