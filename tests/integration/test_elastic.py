@@ -53,6 +53,7 @@ from test_faults import (
     recovery,
     report,
 )
+from test_job_submit import train_arguments
 
 MAX_STEPS = 200
 ELASTIC_RUN = [
@@ -185,16 +186,15 @@ def elastic_run(fault_cluster, tiny_dataset, tmp_path_factory) -> ElasticRun:  #
     reference_run = subprocess.run(
         [
             sys.executable,
-            "jobs/train.py",
-            "--config",
-            "demo",
-            "--data",
-            str(tiny_dataset.path),
-            "--output",
-            str(reference),
+            # Its checkpoints are not compared: one, at the end.
+            *train_arguments(
+                tiny_dataset.path,
+                reference,
+                *TINY_RUN,
+                *ELASTIC_RUN,
+                f"train.save_interval={MAX_STEPS}",
+            ),
             "--single-process",
-            *[a for item in [*TINY_RUN, *ELASTIC_RUN] for a in ("--set", item)],
-            *("--set", f"train.save_interval={MAX_STEPS}"),  # its checkpoints: not compared
         ],
         cwd=REPO,
         env=cluster_env(),

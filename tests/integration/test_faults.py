@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_job_submit import free_ports
+from test_job_submit import free_ports, train_arguments
 from test_training import tensorboard_starts
 from tiny_model import tiny_model
 
@@ -406,16 +406,9 @@ class Driver:
         self.console = out.parent / f"{out.name}-{name}.log"
         self.command = [
             sys.executable,
-            "jobs/train.py",
-            "--config",
-            "demo",
-            "--data",
-            str(data),
-            "--output",
-            str(out),
+            *train_arguments(data, out, *TINY_RUN, *sets),
             "--address",
             cluster.address,
-            *[arg for item in [*TINY_RUN, *sets] for arg in ("--set", item)],
         ]
         self.started = time.time()
         self.ended: float | None = None

@@ -51,6 +51,22 @@ TINY_RUN = [
 ]
 
 
+def train_arguments(data: Path, out: Path, *sets: str) -> list[str]:
+    """``jobs/train.py --config demo --data DATA --output OUT --set ...`` (after the
+    interpreter): the training command of the fault suites, the job submission and the elastic
+    tier."""
+    return [
+        "jobs/train.py",
+        "--config",
+        "demo",
+        "--data",
+        str(data),
+        "--output",
+        str(out),
+        *[arg for item in sets for arg in ("--set", item)],
+    ]
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct ports free right now (held open together so that none repeats)."""
     sockets = [socket.socket() for _ in range(count)]
@@ -188,14 +204,7 @@ def test_ray_job_submit_runs_jobs_train_py(tiny_dataset, head_node, tmp_path):
         f"--working-dir={REPO}",
         "--",
         "python",
-        "jobs/train.py",
-        "--config",
-        "demo",
-        "--data",
-        str(tiny_dataset.path),
-        "--output",
-        str(out),
-        *[arg for field in TINY_RUN for arg in ("--set", field)],
+        *train_arguments(tiny_dataset.path, out, *TINY_RUN),
     ]
     console = tmp_path / "submit.log"  # `ray job submit` follows the job's log until it ends
     start = time.monotonic()
