@@ -143,6 +143,13 @@ def serve_cluster(temp_dir: str) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
+    # The answers get stdout to themselves: the original descriptor is kept for them and fd 1
+    # goes to the log. Ray prints on its own (a raylet's death notice, from another thread), as
+    # may the processes it starts; such text once landed in the middle of an answer line.
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
     # Cluster writes its address to $RAY_TMPDIR/ray/ray_current_cluster (/tmp/ray/... by
     # default), where `address="auto"` looks: other Ray users of this machine must not find this
     # throwaway cluster there.
@@ -181,7 +188,7 @@ def serve_cluster(temp_dir: str) -> None:
         }
 
     def respond(answer: Any) -> None:
-        print(PROTOCOL_PREFIX + json.dumps(answer), flush=True)
+        answers.write(PROTOCOL_PREFIX + json.dumps(answer) + "\n")
 
     def connect() -> None:
         if not ray.is_initialized():
