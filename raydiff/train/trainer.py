@@ -58,9 +58,9 @@ class Trainer:
 
     Every random draw of a step is seeded at the start of the step, so a run resumed at step k
     draws what the uninterrupted run drew at step k, and no generator state needs saving. The
-    timesteps and the q_sample noise are drawn for the whole global batch from streams keyed by
-    (``train.seed``, step), and each rank takes its rows' share: a global batch's draws do not
-    depend on the number of workers (a run resized mid-way trains as the fixed-size run does, to
+    timesteps (drawn for the whole global batch, each rank keeping its rows') and the q_sample
+    noise (each row from a stream keyed by (``train.seed``, step, row of the global batch)) do
+    not depend on the number of workers (a run resized mid-way trains as the fixed-size run does, to
     the rounding of the gradient reduction). The model's own draws (dropout) and a task's
     augmentations come from a stream keyed by (``train.seed``, rank, step).
     """
@@ -144,7 +144,6 @@ class Trainer:
         seed = self.train_config.seed
         torch.manual_seed(derive_seed(seed, "step", self.rank, self.step))  # dropout, crops
         self.sampler.generator.manual_seed(derive_seed(seed, "timesteps", self.step))
-        self.noise_generator.manual_seed(derive_seed(seed, "noise", self.step))
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -187,16 +186,28 @@ class Trainer:
         return torch.cat(all_t), torch.cat(all_weights), losses
 
     def _draw_for_batch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This rank's timesteps, importance weights and noise: its rows of the global batch's
-        draws (a draw for each of ``world_size * local_batch_size`` rows, on every rank: the
-        timesteps and noise of a global batch do not depend on how it is split)."""
-        size = self.local_batch_size * self.world_size
-        mine = slice(self.rank * self.local_batch_size, (self.rank + 1) * self.local_batch_size)
-        t, weights = self.sampler.sample(size, self.device)
-        noise = torch.randn(
-            (size, *x.shape[1:]), generator=self.noise_generator, device=self.device
+        """This rank's timesteps, importance weights and noise, such that a global batch's draws
+        do not depend on how it is split: the timesteps are drawn for every row of the global
+        batch (a few integers each) and this rank keeps its rows'; the noise is drawn for this
+        rank's rows only, each row from its own stream keyed by (seed, step, row of the global
+        batch), so the work and memory stay one local batch's at any worker count."""
+        first = self.rank * self.local_batch_size
+        t, weights = self.sampler.sample(self.local_batch_size * self.world_size, self.device)
+        mine = slice(first, first + self.local_batch_size)
+        seed = self.train_config.seed
+        noise = torch.stack(
+            [
+                torch.randn(
+                    x.shape[1:],
+                    generator=self.noise_generator.manual_seed(
+                        derive_seed(seed, "noise", self.step, row)
+                    ),
+                    device=self.device,
+                )
+                for row in range(first, first + self.local_batch_size)
+            ]
         )
-        return t[mine], weights[mine], noise[mine]
+        return t[mine], weights[mine], noise
 
     def _apply_gradients(self) -> tuple[torch.Tensor, bool]:
         """Unscale, clip and step (or skip a step with non-finite gradients); EMA after a step.
