@@ -12,5 +12,5 @@ EXIT_INTERRUPTED = 130
 as shells report SIGINT."""
 
 EXIT_TERMINATED = 143
-"""A training run whose driver was sent SIGTERM (as a pod's stop sends it), stopped as Ctrl-C
-stops it; as shells report SIGTERM."""
+"""A training run or a sweep whose driver was sent SIGTERM (as a pod's stop sends it), stopped
+as Ctrl-C stops it; as shells report SIGTERM."""

@@ -12,7 +12,7 @@ from raydiff.cli.arguments import (
     options_from_args,
     set_by_flags,
 )
-from raydiff.cli.exit_codes import EXIT_INTERRUPTED
+from raydiff.cli.exit_codes import EXIT_INTERRUPTED, EXIT_TERMINATED
 from raydiff.errors import UserInputError
 from raydiff.flags import flag
 
@@ -94,8 +94,9 @@ def run(args: argparse.Namespace) -> int:
         outcome = start_sweep(loaded, output_dir=folder, address=args.address)
     print(outcome.table)
     if outcome.interrupted:
-        print(f"sweep interrupted; continue it with: raydiff sweep --resume {folder}")
-        return EXIT_INTERRUPTED
+        by = " by SIGTERM" if outcome.stopped_by == "SIGTERM" else ""
+        print(f"sweep interrupted{by}; continue it with: raydiff sweep --resume {folder}")
+        return EXIT_TERMINATED if outcome.stopped_by == "SIGTERM" else EXIT_INTERRUPTED
     print(f"results:       {outcome.results_csv}")
     if outcome.best_config:
         print(f"best config:   {outcome.best_config}")

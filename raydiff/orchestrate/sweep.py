@@ -38,6 +38,7 @@ from raydiff.config import to_yaml
 from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.data.pipeline import cache_splits
 from raydiff.errors import UserInputError
+from raydiff.orchestrate.driver_signals import sigterm_as_ctrl_c
 from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console, verbose
 from raydiff.orchestrate.trainer import absolute_uri, run_training_job, sampler_actor_key
 from raydiff.storage import RemotePath, as_location, resolve_location, write_text_atomically
@@ -150,6 +151,9 @@ class SweepOutcome:
     rows: list[TrialRow]
     table: str
     interrupted: bool
+    stopped_by: str
+    """The signal that interrupted the sweep ("SIGINT": Ctrl-C, or "SIGTERM"); read when
+    ``interrupted``."""
     results_csv: Path | RemotePath | None
     best_config: Path | RemotePath | None
     best_checkpoint: str | None
@@ -467,8 +471,10 @@ def _run(
         "-".join(map(str, sorted({scaling.min_workers, scaling.max_workers}))),
     )
     tuner = _tuner(loaded, out=out, manifest=manifest, concurrency=concurrency, restore=restore)
-    grid = tuner.fit()
-    # After Ctrl-C Tune stops the running trials and marks them terminated in memory, as if
+    terminated: list[str] = []
+    with sigterm_as_ctrl_c(terminated):
+        grid = tuner.fit()
+    # After Ctrl-C (or SIGTERM, turned into it) Tune stops the running trials and marks them terminated in memory, as if
     # they had finished; the state it saved for --resume still says which had not.
     analysis = tune.ExperimentAnalysis(tune_path(out), storage_filesystem=storage_filesystem(out))
     saved = {Path(t.path).name: t.status for t in analysis.trials}
@@ -486,6 +492,7 @@ def _run(
         rows=rows,
         table=table,
         interrupted=interrupted,
+        stopped_by="SIGTERM" if terminated else "SIGINT",
         results_csv=None,
         best_config=None,
         best_checkpoint=None,

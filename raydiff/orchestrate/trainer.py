@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from raydiff.config import ExperimentConfig
 from raydiff.data.config import DataConfig
 from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError, first_line
+from raydiff.orchestrate.driver_signals import sigterm_as_ctrl_c
 from raydiff.orchestrate.ray_session import (
     ensure_ray,
     quiet_ray_console,
@@ -211,31 +211,6 @@ def _train_on_ray(
         if evaluator is not None:
             ray.kill(evaluator)
     return _final_metrics(result, evaluation=evaluation, out=out)
-
-
-@contextlib.contextmanager
-def sigterm_as_ctrl_c(received: list[str]) -> Iterator[None]:
-    """While the run trains, SIGTERM to the driver (a pod being stopped, ``kill``) stops it as
-    Ctrl-C does: Ray Train's SIGINT handler aborts the run and its workers, and the driver says
-    where the run stands. Without this, Ray's own handler prints a C++ stack trace and aborts
-    the process. Each SIGTERM is appended to ``received``. Off the main thread (a sweep trial)
-    signals are left alone."""
-    import signal
-
-    def stop(signum: int, frame: object) -> None:
-        received.append("SIGTERM")
-        signal.raise_signal(signal.SIGINT)
-
-    try:
-        previous = signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        # Ray's C++ handler is not Python's to put back (getsignal gives None): the default.
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _start_session(

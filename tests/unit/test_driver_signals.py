@@ -15,7 +15,7 @@ from raydiff.errors import RunInterruptedError
 
 
 def test_sigterm_while_training_becomes_sigint_then_the_handler_is_put_back():
-    from raydiff.orchestrate.trainer import sigterm_as_ctrl_c
+    from raydiff.orchestrate.driver_signals import sigterm_as_ctrl_c
 
     before = signal.getsignal(signal.SIGTERM)
     received: list[str] = []

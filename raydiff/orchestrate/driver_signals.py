@@ -1,0 +1,37 @@
+"""How a driver stops on SIGTERM: the way it stops on Ctrl-C.
+
+A pod being stopped, a scheduler's cancel or ``kill`` sends SIGTERM. Ray installs its own
+handler for it at ``ray.init``, which prints a C++ stack trace and aborts the process; Ray Train
+and Ray Tune both stop gracefully on SIGINT instead (Train aborts the workers, Tune saves its
+state for a resume). A driver turns one into the other while it runs ``fit()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c(received: list[str]) -> Iterator[None]:
+    """While the block runs, SIGTERM to this process raises SIGINT (Ctrl-C) instead, so the
+    SIGINT handler of Ray Train or Ray Tune, installed inside ``fit()``, stops the work; each
+    SIGTERM is appended to ``received``, for the driver to say which signal stopped it. Off the
+    main thread (a sweep trial's driver) signals are left alone. Afterwards SIGTERM's previous
+    Python handler is put back, or the default where the previous one was Ray's C++ handler
+    (``signal.getsignal`` gives None for it)."""
+
+    def stop(signum: int, frame: object) -> None:
+        received.append("SIGTERM")
+        signal.raise_signal(signal.SIGINT)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
