@@ -1,8 +1,8 @@
 """Every seed of a run is derived from ``train.seed`` by one function, named by its purpose.
 
 A random stream is keyed by what it is for and where it is used, e.g.
-``derive_seed(seed, "step", rank, step)`` for the dropout and q_sample noise of one rank's step,
-or ``derive_seed(seed, "order", epoch)`` for one epoch's data order. Because a key is a pure
+``derive_seed(seed, "noise", step, row)`` for the q_sample noise of one row of a step's global
+batch, or ``derive_seed(seed, "order", epoch)`` for one epoch's data order. Because a key is a pure
 function of (seed, purpose, position), a run resumed at step k, or on another number of workers,
 draws exactly what the uninterrupted run drew there; nothing but the position has to be saved.
 Keys are hashed (splitmix64), not added: ``seed + rank + step`` would give rank 0 at step 1000

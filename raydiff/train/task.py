@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 Batch = dict[str, Any]
 """``x`` float32 [B, C, H, W] in [-1, 1], ``index`` int64 [B], ``y`` int64 [B] when labelled;
 in :data:`Losses`, also ``noise`` (like ``x``): the step's standard normal draw for these rows
-(``raydiff.train.trainer.Trainer``), the noise of ``q_sample``."""
+(``raydiff.train.trainer.Trainer``), the noise of ``q_sample``, and ``augment_seed`` (int64 [B],
+on the CPU): a seed per row for a task's random augmentations, keyed by the row's place in the
+global batch, so that they do not depend on the number of workers or microbatches."""
 
 ValBatches = list[tuple[torch.Tensor, dict[str, torch.Tensor]]]
 """Validation images on the device, with their labels (``y``) when the runtime was asked for

@@ -58,11 +58,12 @@ class Trainer:
 
     Every random draw of a step is seeded at the start of the step, so a run resumed at step k
     draws what the uninterrupted run drew at step k, and no generator state needs saving. The
-    timesteps (drawn for the whole global batch, each rank keeping its rows') and the q_sample
-    noise (each row from a stream keyed by (``train.seed``, step, row of the global batch)) do
-    not depend on the number of workers (a run resized mid-way trains as the fixed-size run does, to
-    the rounding of the gradient reduction). The model's own draws (dropout) and a task's
-    augmentations come from a stream keyed by (``train.seed``, rank, step).
+    timesteps (drawn for the whole global batch, each rank keeping its rows'), the q_sample
+    noise (each row from a stream keyed by (``train.seed``, step, row of the global batch)) and
+    a task's augmentations (each row's from ``batch["augment_seed"]``, keyed the same way) do
+    not depend on the number of workers or microbatches (a run resized mid-way trains as the
+    fixed-size run does, to the rounding of the gradient reduction). The model's own draws
+    (dropout) come from a stream keyed by (``train.seed``, rank, step).
     """
 
     def __init__(
@@ -142,7 +143,7 @@ class Trainer:
     def _begin_step(self) -> float:
         """Seed the step's random streams, set its learning rate, clear the gradients."""
         seed = self.train_config.seed
-        torch.manual_seed(derive_seed(seed, "step", self.rank, self.step))  # dropout, crops
+        torch.manual_seed(derive_seed(seed, "step", self.rank, self.step))  # dropout
         self.sampler.generator.manual_seed(derive_seed(seed, "timesteps", self.step))
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
@@ -156,12 +157,13 @@ class Trainer:
         """Backward over every microbatch: the timesteps, importance weights and per-sample
         loss terms of the whole local batch."""
         all_t, all_weights, all_terms = [], [], {}
-        step_t, step_weights, step_noise = self._draw_for_batch(batch["x"])
+        step_t, step_weights, step_noise, augment_seeds = self._draw_for_batch(batch["x"])
         num_micro = self.local_batch_size // self.microbatch
         for i in range(num_micro):
             sl = slice(i * self.microbatch, (i + 1) * self.microbatch)
             micro = {k: v[sl].to(self.device, non_blocking=True) for k, v in batch.items()}
             micro["noise"] = step_noise[sl]
+            micro["augment_seed"] = augment_seeds[sl]  # on the CPU: read as integers
             t, weights = step_t[sl], step_weights[sl]
             last = i == num_micro - 1
             # DDP: all-reduce gradients only once, after the last microbatch.
@@ -185,16 +187,23 @@ class Trainer:
         losses = {k: torch.cat(v) for k, v in all_terms.items()}
         return torch.cat(all_t), torch.cat(all_weights), losses
 
-    def _draw_for_batch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This rank's timesteps, importance weights and noise, such that a global batch's draws
-        do not depend on how it is split: the timesteps are drawn for every row of the global
-        batch (a few integers each) and this rank keeps its rows'; the noise is drawn for this
-        rank's rows only, each row from its own stream keyed by (seed, step, row of the global
-        batch), so the work and memory stay one local batch's at any worker count."""
+    def _draw_for_batch(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's timesteps, importance weights, noise and augmentation seeds, such that a
+        global batch's draws do not depend on how it is split: the timesteps are drawn for every
+        row of the global batch (a few integers each) and this rank keeps its rows'; the noise
+        is drawn for this rank's rows only, each row from its own stream keyed by (seed, step,
+        row of the global batch), so the work and memory stay one local batch's at any worker
+        count; each row's augmentation seed (int64, CPU) is keyed the same way."""
         first = self.rank * self.local_batch_size
+        rows = range(first, first + self.local_batch_size)
         t, weights = self.sampler.sample(self.local_batch_size * self.world_size, self.device)
         mine = slice(first, first + self.local_batch_size)
         seed = self.train_config.seed
+        augment_seeds = torch.tensor(
+            [derive_seed(seed, "augment", self.step, row) for row in rows], dtype=torch.int64
+        )
         noise = torch.stack(
             [
                 torch.randn(
@@ -204,10 +213,10 @@ class Trainer:
                     ),
                     device=self.device,
                 )
-                for row in range(first, first + self.local_batch_size)
+                for row in rows
             ]
         )
-        return t[mine], weights[mine], noise
+        return t[mine], weights[mine], noise, augment_seeds
 
     def _apply_gradients(self) -> tuple[torch.Tensor, bool]:
         """Unscale, clip and step (or skip a step with non-finite gradients); EMA after a step.

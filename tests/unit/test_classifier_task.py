@@ -42,12 +42,26 @@ def test_terms_are_cross_entropy_and_top_k_hits() -> None:
 def test_random_crop_keeps_size_and_range_and_varies() -> None:
     torch.manual_seed(0)
     x = torch.rand(16, 1, 16, 16) * 2 - 1
-    out = random_resized_crop(x)
+    seeds = list(range(100, 116))
+    out = random_resized_crop(x, seeds=seeds)
     assert out.shape == x.shape and out.min() >= -1 and out.max() <= 1
     changed = [not torch.equal(a, b) for a, b in zip(out, x, strict=True)]
     assert any(changed) and not all(changed)  # zoom 1 (side 16) is one of the 5 sides 16..20
-    assert torch.equal(random_resized_crop(x, max_zoom=1.0), x)
+    assert torch.equal(random_resized_crop(x, seeds=seeds, max_zoom=1.0), x)
     assert math.ceil(16 * 1.25) == 20
+
+
+def test_a_rows_crop_depends_on_its_seed_only() -> None:
+    """The same row and seed give the same crop in any batch (the trainer keys each row's seed
+    by its place in the global batch: crops do not depend on the worker count)."""
+    x = torch.rand(8, 1, 16, 16) * 2 - 1
+    seeds = list(range(8))
+    whole = random_resized_crop(x, seeds=seeds)
+    parts = [random_resized_crop(x[i : i + 3], seeds=seeds[i : i + 3]) for i in (0, 3, 6)]
+    assert torch.equal(torch.cat(parts), whole)
+    assert not torch.equal(random_resized_crop(x, seeds=list(range(50, 58))), whole)
+    with pytest.raises(ValueError, match="7 seeds for 8 images"):
+        random_resized_crop(x, seeds=seeds[:7])
 
 
 def test_the_config_chooses_the_task() -> None:

@@ -416,17 +416,33 @@ def test_a_step_draws_from_streams_keyed_by_seed_and_step():
     assert not torch.equal(a.timesteps, c.timesteps)
 
 
+def recording_augment_seeds(trainer: Trainer) -> list[torch.Tensor]:
+    """The ``augment_seed`` of each microbatch the trainer's task is given, in order."""
+    seen: list[torch.Tensor] = []
+    losses = trainer.losses
+
+    def record(model, micro, t):
+        seen.append(micro["augment_seed"])
+        return losses(model, micro, t)
+
+    trainer.losses = record
+    return seen
+
+
 def test_each_rank_takes_its_rows_of_the_global_batch_draws():
-    """Two ranks of 8 draw, between them, the timesteps and noise one worker draws for the
-    global batch of 16: the step's losses do not depend on the number of workers."""
+    """Two ranks of 8 draw, between them, the timesteps, noise and augmentation seeds one
+    worker draws for the global batch of 16: the step's losses do not depend on the number of
+    workers (nor of microbatches)."""
     whole = make_trainer(batch=16)
+    whole_seeds = recording_augment_seeds(whole)
     data = batch(16)
     expected = whole.train_step(data)
-    halves = []
+    halves, half_seeds = [], []
     for rank in (0, 1):
         trainer = make_trainer(batch=16)
         trainer.local_batch_size, trainer.microbatch = 8, 4  # microbatches slice the rank's rows
         trainer.rank, trainer.world_size = rank, 2
+        half_seeds.append(recording_augment_seeds(trainer))
         halves.append(
             trainer.train_step({k: v[rank * 8 : (rank + 1) * 8] for k, v in data.items()})
         )
@@ -434,6 +450,10 @@ def test_each_rank_takes_its_rows_of_the_global_batch_draws():
     torch.testing.assert_close(
         torch.cat([h.losses["loss"] for h in halves]), expected.losses["loss"]
     )
+    seeds = torch.cat(whole_seeds)
+    assert torch.equal(torch.cat([s for rank in half_seeds for s in rank]), seeds)
+    assert len(set(seeds.tolist())) == 16
+    assert seeds.dtype == torch.int64 and seeds.device.type == "cpu"
 
 
 def test_data_position_counts_batches_per_epoch_and_round_trips():

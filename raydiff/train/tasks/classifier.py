@@ -12,6 +12,7 @@ quarter of t. No preview: a classifier draws no images.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,19 +44,25 @@ def classification_terms(logits: torch.Tensor, labels: torch.Tensor) -> dict[str
     }
 
 
-def random_resized_crop(x: torch.Tensor, *, max_zoom: float = MAX_CROP_ZOOM) -> torch.Tensor:
+def random_resized_crop(
+    x: torch.Tensor, *, seeds: Sequence[int], max_zoom: float = MAX_CROP_ZOOM
+) -> torch.Tensor:
     """Each image resized to a random side in [S, ceil(S * max_zoom)] (bicubic, clamped to
     [-1, 1]) and cropped back to S x S at a random place: guided-diffusion's training crop on
-    images that are already S x S. Draws from torch's generator, which the trainer seeds per
-    step."""
+    images that are already S x S. Image i's side and place are drawn from ``seeds[i]`` alone
+    (the trainer's per-row ``augment_seed``), so a row's crop does not depend on the batch it
+    is in."""
     size = x.shape[-1]
     largest = math.ceil(size * max_zoom)
-    sides = torch.randint(size, largest + 1, (len(x),)).tolist()
+    if len(seeds) != len(x):
+        raise ValueError(f"{len(seeds)} seeds for {len(x)} images")
     out = []
-    for image, side in zip(x, sides, strict=True):
+    for image, seed in zip(x, seeds, strict=True):
+        generator = torch.Generator().manual_seed(seed)
+        side = int(torch.randint(size, largest + 1, (1,), generator=generator))
         if side != size:
             image = F.interpolate(image[None], size=(side, side), mode="bicubic")[0]
-            top, left = torch.randint(0, side - size + 1, (2,)).tolist()
+            top, left = torch.randint(0, side - size + 1, (2,), generator=generator).tolist()
             image = image[:, top : top + size, left : left + size].clamp(-1, 1)
         out.append(image)
     return torch.stack(out)
@@ -106,7 +113,9 @@ class ClassifierTask:
         self, model: torch.nn.Module, batch: Batch, t: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """Cross-entropy and hits of ``batch["y"]`` on the (cropped) batch at ``t``."""
-        x = random_resized_crop(batch["x"]) if self.random_crop else batch["x"]
+        x = batch["x"]
+        if self.random_crop:
+            x = random_resized_crop(x, seeds=batch["augment_seed"].tolist())
         x_t, t = self.inputs(x, t, batch.get("noise"))
         return classification_terms(model(x_t, t), batch["y"])
 
