@@ -74,8 +74,9 @@ class RunFailedError(RuntimeError):
 
 
 class RunInterruptedError(RuntimeError):
-    """The user stopped a run (Ctrl-C, or SIGTERM to a training driver); the message says where
-    it stands and how to continue. ``signal_name``: the signal that stopped it."""
+    """The user stopped a run or a command's Ray work (Ctrl-C, or SIGTERM, which drivers turn
+    into Ctrl-C); the message says where it stands and how to continue. ``signal_name``: the
+    signal that stopped it."""
 
     def __init__(self, message: str, *, signal_name: str = "SIGINT") -> None:
         super().__init__(message)

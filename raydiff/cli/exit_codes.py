@@ -8,9 +8,9 @@ EXIT_RUN_FAILED = 3
 continues it."""
 
 EXIT_INTERRUPTED = 130
-"""A sweep or a training run stopped by Ctrl-C (continue it with --resume / the same command),
-as shells report SIGINT."""
+"""A command stopped by Ctrl-C (a sweep or a training run continues with --resume / the same
+command), as shells report SIGINT."""
 
 EXIT_TERMINATED = 143
-"""A training run or a sweep whose driver was sent SIGTERM (as a pod's stop sends it), stopped
-as Ctrl-C stops it; as shells report SIGTERM."""
+"""A command sent SIGTERM (as a pod's stop sends it), stopped as Ctrl-C stops it (a run or
+sweep continues with the same command or --resume); as shells report SIGTERM."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 
 from raydiff.cli.arguments import add_options, options_from_args
 
@@ -27,27 +26,9 @@ def run(args: argparse.Namespace) -> int:
     options = options_from_args(PrepareOptions, args)
     if not options.progress and not args.verbose:  # --quiet: warnings only
         logging.getLogger().setLevel(logging.WARNING)
-    with TerminateAsExit():
-        summary = prepare_dataset(options)
+    # SIGTERM stops it as Ctrl-C does (raydiff.cli.app): `finally` blocks remove the temporary
+    # output on the way out.
+    summary = prepare_dataset(options)
     if options.progress:
         print(summary.format())
     return 0
-
-
-class TerminateAsExit:
-    """Turn SIGTERM into SystemExit while active, so ``finally`` blocks clean up temp output."""
-
-    def __enter__(self) -> None:
-        self._previous = None
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._raise)
-        except ValueError:  # not the main thread: leave signals alone
-            self._previous = None
-
-    def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-
-    @staticmethod
-    def _raise(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)

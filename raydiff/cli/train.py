@@ -176,7 +176,6 @@ def manifest_preparing_demo(data_dir: str) -> Manifest:
     (``data/fashion-mnist``) is prepared first when it is missing."""
     from pathlib import Path
 
-    from raydiff.cli.prepare import TerminateAsExit
     from raydiff.data.manifest import load_manifest
 
     embedded = "://" not in data_dir and Path(data_dir).resolve() == Path(DEFAULT_DATA).resolve()
@@ -184,8 +183,9 @@ def manifest_preparing_demo(data_dir: str) -> Manifest:
         from raydiff.data.prepare import PrepareOptions, prepare_dataset
 
         logger.info("preparing the embedded Fashion-MNIST dataset into %s (once)", data_dir)
-        with TerminateAsExit():
-            print(prepare_dataset(PrepareOptions(source="fashion-mnist", out=data_dir)).format())
+        # Before Ray starts: SIGTERM is Ctrl-C here (raydiff.cli.app), so a stopped preparation
+        # removes its temporary folder on the way out.
+        print(prepare_dataset(PrepareOptions(source="fashion-mnist", out=data_dir)).format())
     return load_manifest(data_dir)
 
 

@@ -3,7 +3,10 @@
 A pod being stopped, a scheduler's cancel or ``kill`` sends SIGTERM. Ray installs its own
 handler for it at ``ray.init``, which prints a C++ stack trace and aborts the process; Ray Train
 and Ray Tune both stop gracefully on SIGINT instead (Train aborts the workers, Tune saves its
-state for a resume). A driver turns one into the other while it runs ``fit()``.
+state for a resume), and plain Python code raises KeyboardInterrupt, which runs its ``finally``
+blocks. So ``raydiff`` turns one into the other around each command (:func:`raydiff.cli.app.main`)
+and again, after ``ray.init``, around what a driver waits on in Ray: Train's and Tune's
+``fit()`` and the model actors' batches (sampling, the bound).
 """
 
 from __future__ import annotations

@@ -73,6 +73,55 @@ def test_samples_are_the_same_on_one_and_two_workers(ray_cluster, checkpoint, tm
     assert two.grid.is_file() and two.samples_per_s > 0
 
 
+def test_sigterm_while_sampling_stops_it_as_ctrl_c_does(
+    ray_cluster, checkpoint, tmp_path, monkeypatch
+):
+    """SIGTERM to the driver while its actors sample (a pod being stopped): a
+    RunInterruptedError saying how far it got (``raydiff sample`` exits 143 with it), not Ray's
+    C++ stack trace and an abort; nothing is written, and SIGTERM's handler is put back. The
+    signal is sent by the progress bar when the first batch arrives."""
+    import os
+    import signal
+    import time
+
+    from raydiff.errors import RunInterruptedError
+    from raydiff.orchestrate.sampling import run_sampling
+    from raydiff.sample.options import SampleOptions
+
+    class SigtermOnFirstBatch:
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs at once; the sleep only bounds a miss
+
+    monkeypatch.setattr("tqdm.auto.tqdm", SigtermOnFirstBatch)
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "out"
+    options = SampleOptions(
+        checkpoint=str(checkpoint),
+        num_samples=40,
+        out=str(out),
+        timestep_respacing="ddim10",
+        use_ddim=True,
+        batch_size=4,
+        num_workers=1,
+        seed=5,
+    )
+    with pytest.raises(RunInterruptedError, match="stopped by SIGTERM after 4 of 40 images"):
+        run_sampling(options)
+    assert not out.exists()
+    after = signal.getsignal(signal.SIGTERM)
+    assert after == (before if before is not None else signal.SIG_DFL)
+
+
 def test_a_trained_classifier_guides_the_same_on_one_and_two_workers(
     ray_cluster, tiny_dataset, tmp_path
 ):

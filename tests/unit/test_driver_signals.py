@@ -40,3 +40,25 @@ def test_a_run_stopped_by_sigterm_exits_143_and_by_ctrl_c_130(monkeypatch, capsy
         monkeypatch.setitem(app.SUBCOMMANDS, "train", train)
         assert app.main(["train", "--config", "demo"]) == code
         assert f"raydiff train: stopped by {name}; where it stands" in capsys.readouterr().err
+
+
+def test_any_command_stopped_by_ctrl_c_or_sigterm_says_so_and_exits_130_or_143(monkeypatch, capsys):
+    """A command stopped where it has nothing more to say (before it joins Ray, or one without
+    Ray) gets one line instead of a traceback; SIGTERM takes Ctrl-C's path."""
+    from raydiff.cli import app
+
+    def ctrl_c(args):
+        raise KeyboardInterrupt
+
+    def sigterm(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs at once; the sleep only bounds a miss
+        raise AssertionError("SIGTERM did not stop the command")
+
+    before = signal.getsignal(signal.SIGTERM)
+    for run, code, how in ((ctrl_c, 130, "Ctrl-C (SIGINT)"), (sigterm, 143, "SIGTERM")):
+        evaluate = dataclasses.replace(app.SUBCOMMANDS["evaluate"], run=run)
+        monkeypatch.setitem(app.SUBCOMMANDS, "evaluate", evaluate)
+        assert app.main(["evaluate", "fid", "--samples", "x.npz"]) == code
+        assert capsys.readouterr().err.strip() == f"raydiff evaluate: stopped by {how}"
+    assert signal.getsignal(signal.SIGTERM) == (before if before is not None else signal.SIG_DFL)
