@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,7 @@ def test_flips_follow_data_random_flip() -> None:
 def run(max_steps: int, output: Path, *, log_interval: int = 2) -> dict:
     """A single-process run as `raydiff train --single-process` makes it, continuing the newest
     checkpoint in ``output`` (4 sample-grid images, 4 DDIM steps to keep it quick)."""
+    after_previous_events_second(output / "tensorboard")
     config = apply_overrides(
         tiny_config(max_steps),
         ["train.sample_count=4", "train.sample_steps=4", f"train.log_interval={log_interval}"],
@@ -80,6 +82,18 @@ def run(max_steps: int, output: Path, *, log_interval: int = 2) -> dict:
         val=(images()[:12], None),
     )
     return run_loop(config, runtime=runtime, output_dir=output)
+
+
+def after_previous_events_second(folder: Path) -> None:
+    """Wait until the second in which the folder's newest TensorBoard events file was created
+    has passed. TensorBoard reads a folder's files in name order and a name starts with that
+    second; within one second and one process the order is the writers' counter's, in which
+    ``.10`` sorts before ``.9``: the resumed run's events would be read first, and then purged
+    as orphans by the earlier run's lower steps. Separate processes, which real resumes are,
+    start seconds apart."""
+    seconds = [int(f.name.split(".")[3]) for f in folder.glob("events.out.tfevents.*")]
+    while seconds and time.time() < max(seconds) + 1:
+        time.sleep(0.05)
 
 
 def test_writes_checkpoints_samples_events_and_resumes_at_its_data_position(
