@@ -21,9 +21,12 @@ def sigterm_as_ctrl_c(received: list[str]) -> Iterator[None]:
     """While the block runs, SIGTERM to this process raises SIGINT (Ctrl-C) instead, so the
     SIGINT handler of Ray Train or Ray Tune, installed inside ``fit()``, stops the work; each
     SIGTERM is appended to ``received``, for the driver to say which signal stopped it. Off the
-    main thread (a sweep trial's driver) signals are left alone. Afterwards SIGTERM's previous
-    Python handler is put back, or the default where the previous one was Ray's C++ handler
-    (``signal.getsignal`` gives None for it)."""
+    main thread (a sweep trial's driver) signals are left alone.
+
+    Afterwards both handlers are put back: SIGTERM's previous Python handler, or the default
+    where the previous one was Ray's C++ handler (``signal.getsignal`` gives None for it), and
+    SIGINT's, because Ray Train's ``fit()`` leaves its own installed when it returns (a later
+    Ctrl-C would ask the finished run's controller to abort and exit with status 0)."""
 
     def stop(signum: int, frame: object) -> None:
         received.append("SIGTERM")
@@ -34,7 +37,10 @@ def sigterm_as_ctrl_c(received: list[str]) -> Iterator[None]:
     except ValueError:  # not the main thread
         yield
         return
+    previous_sigint = signal.getsignal(signal.SIGINT)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        if previous_sigint is not None:
+            signal.signal(signal.SIGINT, previous_sigint)

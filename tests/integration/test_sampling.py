@@ -115,8 +115,14 @@ def test_sigterm_while_sampling_stops_it_as_ctrl_c_does(
         num_workers=1,
         seed=5,
     )
-    with pytest.raises(RunInterruptedError, match="stopped by SIGTERM after 4 of 40 images"):
-        run_sampling(options)
+    # As in `raydiff sample`, Python's own SIGINT handler: tests of this process that call
+    # TorchTrainer.fit directly leave Ray Train's installed.
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(RunInterruptedError, match="stopped by SIGTERM after 4 of 40 images"):
+            run_sampling(options)
+    finally:
+        signal.signal(signal.SIGINT, previous_sigint)
     assert not out.exists()
     after = signal.getsignal(signal.SIGTERM)
     assert after == (before if before is not None else signal.SIG_DFL)

@@ -299,7 +299,10 @@ def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket(
     assert first.returncode == 143, output
     assert f"sweep interrupted by SIGTERM; continue it with: raydiff sweep --resume {uri}" in output
     assert "results.csv" not in keys()
-    assert "Traceback" not in output and "*** SIGTERM received" not in output, output
+    # The driver's own lines (its actors' are prefixed "(... pid=N)"; Tune's trial actors may
+    # print Ray's own exit on the way out): no traceback, no C++ stack of Ray's handler.
+    driver = [line for line in output.splitlines() if "pid=" not in line]
+    assert not [line for line in driver if "Traceback" in line or "SIGTERM received" in line]
 
     again = _sweep_cli("--resume", uri)
     output, _ = again.communicate(timeout=300)

@@ -18,6 +18,7 @@ def test_sigterm_while_training_becomes_sigint_then_the_handler_is_put_back():
     from raydiff.orchestrate.driver_signals import sigterm_as_ctrl_c
 
     before = signal.getsignal(signal.SIGTERM)
+    before_sigint = signal.getsignal(signal.SIGINT)
     received: list[str] = []
     # No Ray Train here: Python's own SIGINT handler turns the raised SIGINT into
     # KeyboardInterrupt where Ray Train's would abort the run.
@@ -26,6 +27,10 @@ def test_sigterm_while_training_becomes_sigint_then_the_handler_is_put_back():
         time.sleep(0.1)  # the handler runs at once; the sleep only bounds a miss
     assert received == ["SIGTERM"]
     assert signal.getsignal(signal.SIGTERM) == (before if before is not None else signal.SIG_DFL)
+    # fit() installs a SIGINT handler of its own and leaves it: the block's end puts it back.
+    with sigterm_as_ctrl_c([]):
+        signal.signal(signal.SIGINT, lambda signum, frame: None)
+    assert signal.getsignal(signal.SIGINT) is before_sigint
 
 
 def test_a_run_stopped_by_sigterm_exits_143_and_by_ctrl_c_130(monkeypatch, capsys):
