@@ -11,6 +11,7 @@ from tiny_model import tiny_model
 
 from raydiff.config import ExperimentConfig, apply_overrides
 from raydiff.data.in_memory import infinite_batches
+from raydiff.storage import RemotePath
 from raydiff.train.checkpoint import latest_checkpoint, read_progress
 from raydiff.train.local import LocalRuntime
 from raydiff.train.loop import run_loop
@@ -84,13 +85,15 @@ def run(max_steps: int, output: Path, *, log_interval: int = 2) -> dict:
     return run_loop(config, runtime=runtime, output_dir=output)
 
 
-def after_previous_events_second(folder: Path) -> None:
+def after_previous_events_second(folder: Path | RemotePath) -> None:
     """Wait until the second in which the folder's newest TensorBoard events file was created
     has passed. TensorBoard reads a folder's files in name order and a name starts with that
     second; within one second and one process the order is the writers' counter's, in which
     ``.10`` sorts before ``.9``: the resumed run's events would be read first, and then purged
     as orphans by the earlier run's lower steps. Separate processes, which real resumes are,
-    start seconds apart."""
+    start seconds apart. Local folders only (a remote run's test reads its events otherwise)."""
+    if not isinstance(folder, Path):
+        return
     seconds = [int(f.name.split(".")[3]) for f in folder.glob("events.out.tfevents.*")]
     while seconds and time.time() < max(seconds) + 1:
         time.sleep(0.05)
