@@ -24,7 +24,7 @@ from raydiff.cli.exit_codes import (
     EXIT_USER_ERROR,
 )
 from raydiff.errors import ConfigError, RunFailedError, RunInterruptedError, UserInputError
-from raydiff.orchestrate.driver_signals import sigterm_as_ctrl_c
+from raydiff.orchestrate.driver_signals import StopSignal, sigterm_as_ctrl_c
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    received: list[str] = []  # SIGTERMs turned into Ctrl-C
+    stopped = StopSignal()  # replaced by the one of the block below
     try:
         # Until a command joins Ray (whose ray.init installs a handler of its own; the commands
         # wrap what they wait on in Ray the same way), SIGTERM stops it as Ctrl-C does.
-        with sigterm_as_ctrl_c(received):
+        with sigterm_as_ctrl_c() as stopped:
             return SUBCOMMANDS[args.command].run(args)
     except (UserInputError, FileNotFoundError, FileExistsError) as error:
         # User mistakes get one clear line, not a traceback (use -v for the traceback). Anything
@@ -90,9 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_TERMINATED if error.signal_name == "SIGTERM" else EXIT_INTERRUPTED
     except KeyboardInterrupt:  # stopped where nothing says more than this (no traceback)
         logger.debug("details", exc_info=True)
-        how = "SIGTERM" if received else "Ctrl-C (SIGINT)"
-        print(f"raydiff {args.command}: stopped by {how}", file=sys.stderr)
-        return EXIT_TERMINATED if received else EXIT_INTERRUPTED
+        print(f"raydiff {args.command}: stopped by {stopped.described}", file=sys.stderr)
+        return EXIT_TERMINATED if stopped.sigterm else EXIT_INTERRUPTED
 
 
 def render_error(error: Exception, args: argparse.Namespace) -> str:

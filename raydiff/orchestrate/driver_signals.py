@@ -14,32 +14,53 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass
+class StopSignal:
+    """Which signal stopped the block of :func:`sigterm_as_ctrl_c`, once it has (SIGTERM arrives
+    as Ctrl-C, so a KeyboardInterrupt alone does not say)."""
+
+    sigterm: bool = False
+
+    @property
+    def name(self) -> str:
+        """``"SIGTERM"`` or ``"SIGINT"`` (``RunInterruptedError.signal_name``)."""
+        return "SIGTERM" if self.sigterm else "SIGINT"
+
+    @property
+    def described(self) -> str:
+        """For messages: ``"SIGTERM"`` or ``"Ctrl-C (SIGINT)"``."""
+        return "SIGTERM" if self.sigterm else "Ctrl-C (SIGINT)"
 
 
 @contextlib.contextmanager
-def sigterm_as_ctrl_c(received: list[str]) -> Iterator[None]:
+def sigterm_as_ctrl_c() -> Iterator[StopSignal]:
     """While the block runs, SIGTERM to this process raises SIGINT (Ctrl-C) instead, so the
-    SIGINT handler of Ray Train or Ray Tune, installed inside ``fit()``, stops the work; each
-    SIGTERM is appended to ``received``, for the driver to say which signal stopped it. Off the
-    main thread (a sweep trial's driver) signals are left alone.
+    SIGINT handler of Ray Train or Ray Tune, installed inside ``fit()``, stops the work; the
+    yielded :class:`StopSignal` records a SIGTERM, for the driver to say which signal stopped
+    it. Off the main thread (a sweep trial's driver) signals are left alone.
 
     Afterwards both handlers are put back: SIGTERM's previous Python handler, or the default
     where the previous one was Ray's C++ handler (``signal.getsignal`` gives None for it), and
     SIGINT's, because Ray Train's ``fit()`` leaves its own installed when it returns (a later
     Ctrl-C would ask the finished run's controller to abort and exit with status 0)."""
 
+    stopped = StopSignal()
+
     def stop(signum: int, frame: object) -> None:
-        received.append("SIGTERM")
+        stopped.sigterm = True
         signal.raise_signal(signal.SIGINT)
 
     try:
         previous = signal.signal(signal.SIGTERM, stop)
     except ValueError:  # not the main thread
-        yield
+        yield stopped
         return
     previous_sigint = signal.getsignal(signal.SIGINT)
     try:
-        yield
+        yield stopped
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         if previous_sigint is not None:

@@ -19,7 +19,7 @@ import ray
 
 from raydiff.config import DiffusionConfig, ExperimentConfig
 from raydiff.errors import RunInterruptedError
-from raydiff.orchestrate.driver_signals import sigterm_as_ctrl_c
+from raydiff.orchestrate.driver_signals import StopSignal, sigterm_as_ctrl_c
 
 
 @ray.remote
@@ -183,22 +183,21 @@ def map_batches_in_order(
     call = functools.partial(_call, method, args, kwargs)
     by_start = {b.start: b for b in batches}
     values: dict[int, Any] = {}
-    received: list[str] = []
+    stopped = StopSignal()
     try:
         # ray.init replaced Python's SIGTERM handler with Ray's (a C++ stack trace, an abort).
-        with sigterm_as_ctrl_c(received):
+        with sigterm_as_ctrl_c() as stopped:
             for start, value in ActorPool(actors).map_unordered(call, batches):
                 values[start] = value
                 if progress is not None:
                     progress.update(len(by_start[start]))
     except KeyboardInterrupt as error:
-        how = "SIGTERM" if received else "Ctrl-C (SIGINT)"
         done = sum(len(by_start[start]) for start in values)
         total = sum(len(b) for b in batches)
         raise RunInterruptedError(
-            f"stopped by {how} after {done} of {total} images; nothing was written (the "
+            f"stopped by {stopped.described} after {done} of {total} images; nothing was written (the "
             "outputs are written once every image is done)",
-            signal_name="SIGTERM" if received else "SIGINT",
+            signal_name=stopped.name,
         ) from error
     return [values[b.start] for b in batches]
 

@@ -471,11 +471,11 @@ def _run(
         "-".join(map(str, sorted({scaling.min_workers, scaling.max_workers}))),
     )
     tuner = _tuner(loaded, out=out, manifest=manifest, concurrency=concurrency, restore=restore)
-    terminated: list[str] = []
-    with sigterm_as_ctrl_c(terminated):
+    with sigterm_as_ctrl_c() as stopped:
         grid = tuner.fit()
-    # After Ctrl-C (or SIGTERM, turned into it) Tune stops the running trials and marks them terminated in memory, as if
-    # they had finished; the state it saved for --resume still says which had not.
+    # After Ctrl-C (or SIGTERM, turned into it) Tune stops the running trials and marks them
+    # terminated in memory, as if they had finished; the state it saved for --resume still says
+    # which had not.
     analysis = tune.ExperimentAnalysis(tune_path(out), storage_filesystem=storage_filesystem(out))
     saved = {Path(t.path).name: t.status for t in analysis.trials}
     unfinished = {name for name, status in saved.items() if status not in ("TERMINATED", "ERROR")}
@@ -492,7 +492,7 @@ def _run(
         rows=rows,
         table=table,
         interrupted=interrupted,
-        stopped_by="SIGTERM" if terminated else "SIGINT",
+        stopped_by=stopped.name,
         results_csv=None,
         best_config=None,
         best_checkpoint=None,

@@ -17,7 +17,7 @@ from raydiff.config import ExperimentConfig
 from raydiff.data.config import DataConfig
 from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError, first_line
-from raydiff.orchestrate.driver_signals import sigterm_as_ctrl_c
+from raydiff.orchestrate.driver_signals import StopSignal, sigterm_as_ctrl_c
 from raydiff.orchestrate.ray_session import (
     ensure_ray,
     quiet_ray_console,
@@ -184,9 +184,9 @@ def _train_on_ray(
         config, out=out, start=start, actor_key=actor_key, datasets=datasets, callbacks=callbacks
     )
     max_failures = config.scaling.max_failures
-    terminated: list[str] = []
+    stopped = StopSignal()
     try:
-        with sigterm_as_ctrl_c(terminated):
+        with sigterm_as_ctrl_c() as stopped:
             result = trainer.fit()
         evaluation = None
         if evaluator is not None:
@@ -198,10 +198,9 @@ def _train_on_ray(
     except SystemExit as error:
         # Ctrl-C: Ray Train's SIGINT handler aborts the run, and fit() leaves through SystemExit
         # with no message (status 0, or 1 from an interrupted ray.get). Say where it stands.
-        how = "SIGTERM" if terminated else "Ctrl-C (SIGINT)"
         raise RunInterruptedError(
-            f"stopped by {how}; Ray Train stopped the run's workers. {where_it_stands(out)}",
-            signal_name="SIGTERM" if terminated else "SIGINT",
+            f"stopped by {stopped.described}; Ray Train stopped the run's workers. {where_it_stands(out)}",
+            signal_name=stopped.name,
         ) from error
     finally:
         if actor_needed:

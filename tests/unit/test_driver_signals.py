@@ -19,16 +19,15 @@ def test_sigterm_while_training_becomes_sigint_then_the_handler_is_put_back():
 
     before = signal.getsignal(signal.SIGTERM)
     before_sigint = signal.getsignal(signal.SIGINT)
-    received: list[str] = []
     # No Ray Train here: Python's own SIGINT handler turns the raised SIGINT into
     # KeyboardInterrupt where Ray Train's would abort the run.
-    with pytest.raises(KeyboardInterrupt), sigterm_as_ctrl_c(received):
+    with pytest.raises(KeyboardInterrupt), sigterm_as_ctrl_c() as stopped:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.1)  # the handler runs at once; the sleep only bounds a miss
-    assert received == ["SIGTERM"]
+    assert stopped.sigterm and (stopped.name, stopped.described) == ("SIGTERM", "SIGTERM")
     assert signal.getsignal(signal.SIGTERM) == (before if before is not None else signal.SIG_DFL)
     # fit() installs a SIGINT handler of its own and leaves it: the block's end puts it back.
-    with sigterm_as_ctrl_c([]):
+    with sigterm_as_ctrl_c() as stopped:
         signal.signal(signal.SIGINT, lambda signum, frame: None)
     assert signal.getsignal(signal.SIGINT) is before_sigint
 
