@@ -37,6 +37,7 @@ from raydiff.train.checkpoint import (
 )
 from raydiff.train.data_position import DataPosition
 from raydiff.train.runtime import Batch, CheckpointFiles, ValBatches
+from raydiff.train.tasks import task_spec
 from raydiff.train.validation import rank_slice
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,11 @@ class RayRuntime:
         # The dashboard's / Prometheus' view of the run (Ray's metrics), tagged with the Ray Train
         # run name; the figures are reduced over all workers already, so rank 0 alone exports.
         self.metrics = (
-            TrainingMetrics(output_dir.name, world_size=world_size) if rank == 0 else None
+            TrainingMetrics(
+                output_dir.name, task=task_spec(config.train.task), world_size=world_size
+            )
+            if rank == 0
+            else None
         )
 
     @property

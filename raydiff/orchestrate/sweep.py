@@ -487,7 +487,8 @@ def _run(
         kill_actor(sampler_actor_key(as_location(row.run_dir)))
     rows.sort(key=lambda r: r.trial)
     metric, mode = loaded.sweep.metric, loaded.sweep.mode
-    table = format_table(rows, metric=metric, mode=mode)
+    columns = [m.key for m in loaded.task.metrics if m.headline]
+    table = format_table(rows, metric=metric, mode=mode, columns=columns)
     outcome = SweepOutcome(
         rows=rows,
         table=table,
@@ -500,10 +501,12 @@ def _run(
     )
     if interrupted:
         return outcome
-    outcome.results_csv = write_csv(rows, out / "results.csv", metric=metric)
+    outcome.results_csv = write_csv(rows, out / "results.csv", metric=metric, columns=columns)
     best = best_row(rows, metric=metric, mode=mode)
     if best is not None:
-        outcome.best_config = write_best_config(best, out / "best_config.yaml")
+        outcome.best_config = write_best_config(
+            best, out / "best_config.yaml", command=loaded.task.train_command
+        )
         outcome.best_checkpoint = best.checkpoint or None
     return outcome
 
@@ -515,13 +518,14 @@ def _row(
     run_dir = out / TRIALS_DIR / name
     metrics = dict(result.metrics or {})
     step = metrics.get("step")
+    reported = {m.key for m in loaded.task.all_metrics()}  # less Tune's own bookkeeping
     numbers = {
         k: float(v)
         for k, v in metrics.items()
         if isinstance(v, int | float)
         and not isinstance(v, bool)
         and math.isfinite(v)
-        and k in REPORTED_METRICS
+        and k in reported
     }
     checkpoint = latest_checkpoint(run_dir)
     config = read_run_config(run_dir)
@@ -538,7 +542,3 @@ def _row(
         checkpoint=str(checkpoint) if checkpoint else "",
         run_dir=str(run_dir),
     )
-
-
-REPORTED_METRICS = ("val_bpd", "val_mse", "loss", "mse", "vb", "grad_norm", "images_per_s", "epoch")
-"""The training loop's metrics that a results row keeps (Tune adds bookkeeping of its own)."""

@@ -15,10 +15,6 @@ from raydiff.config import ExperimentConfig, from_dict, to_yaml
 from raydiff.storage import RemotePath, as_location, write_text_atomically
 from raydiff.sweep.spec import Mode
 
-METRIC_COLUMNS = ("val_bpd", "val_mse", "loss")
-"""Final metrics the rows show where some trial reported them (the objective is always shown,
-first)."""
-
 
 @dataclass(kw_only=True)
 class TrialRow:
@@ -71,20 +67,25 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
-def _columns(rows: Sequence[TrialRow], metric: str) -> tuple[list[str], list[str]]:
+def _columns(
+    rows: Sequence[TrialRow], metric: str, columns: Sequence[str]
+) -> tuple[list[str], list[str]]:
     keys = list(dict.fromkeys(k for r in rows for k in r.values))
-    # A classifier's trials report no val_bpd: only columns some trial has (and the objective).
+    # The objective first, then the task's other headline metrics that some trial reported.
     metrics = [
         m
-        for m in dict.fromkeys([metric, *METRIC_COLUMNS])
+        for m in dict.fromkeys([metric, *columns])
         if m == metric or any(m in row.metrics for row in rows)
     ]
     return keys, metrics
 
 
-def format_table(rows: Sequence[TrialRow], *, metric: str, mode: Mode) -> str:
-    """A plain-text table: trial, every swept value, final metrics, steps, status; best marked."""
-    keys, metrics = _columns(rows, metric)
+def format_table(
+    rows: Sequence[TrialRow], *, metric: str, mode: Mode, columns: Sequence[str]
+) -> str:
+    """A plain-text table: trial, every swept value, the objective and the other ``columns``
+    (the task's headline metrics), steps, status; the best trial marked."""
+    keys, metrics = _columns(rows, metric, columns)
     best = best_row(rows, metric=metric, mode=mode)
     header = ["trial", *keys, *metrics, "steps", "status"]
     lines = [header]
@@ -119,10 +120,11 @@ def _show(value: Any) -> str:
 
 
 def write_csv(
-    rows: Sequence[TrialRow], path: Path | RemotePath, *, metric: str
+    rows: Sequence[TrialRow], path: Path | RemotePath, *, metric: str, columns: Sequence[str]
 ) -> Path | RemotePath:
-    """``results.csv``: one line per trial, every swept value and final metric as a column."""
-    keys, metrics = _columns(rows, metric)
+    """``results.csv``: one line per trial, every swept value and final metric as a column
+    (the objective and ``columns`` first)."""
+    keys, metrics = _columns(rows, metric, columns)
     extra = sorted({m for r in rows for m in r.metrics} - set(metrics))
     header = ["trial", *keys, "seed", "status", "steps", *metrics, *extra, "checkpoint", "run_dir"]
     text = io.StringIO(newline="")
@@ -154,16 +156,19 @@ def read_run_config(run_dir: Path | RemotePath) -> ExperimentConfig | None:
     return from_dict(ExperimentConfig, data)
 
 
-def write_best_config(row: TrialRow, path: Path | RemotePath) -> Path | RemotePath | None:
-    """``best_config.yaml``: the best trial's full training config, as ``raydiff train
-    --config`` takes it (None when its run left no config)."""
+def write_best_config(
+    row: TrialRow, path: Path | RemotePath, *, command: str
+) -> Path | RemotePath | None:
+    """``best_config.yaml``: the best trial's full training config, as ``raydiff COMMAND
+    --config`` takes it (``command``: the task's training command; None when its run left no
+    config)."""
     config = read_run_config(as_location(row.run_dir))
     if config is None:
         return None
     values = ", ".join(f"{k}={_show(v)}" for k, v in row.values.items())
     header = (
         f"# The best trial of this sweep ({row.trial}: {values}).\n"
-        f"# Train it on: raydiff train --config {path} --output DIR [--max-steps N]\n"
+        f"# Train it on: raydiff {command} --config {path} --output DIR [--max-steps N]\n"
     )
     write_text_atomically(path, header + to_yaml(config))
     return path

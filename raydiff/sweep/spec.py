@@ -30,7 +30,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from raydiff.config import (
     PRESETS_DIR,
@@ -48,27 +48,13 @@ from raydiff.errors import ConfigError, UserInputError
 from raydiff.seeding import derive_seed
 from raydiff.train.preflight import check_run, config_for_data, existing_manifest, fit_to_data
 
+if TYPE_CHECKING:
+    from raydiff.train.task import TaskSpec
+
 SearchKind = Literal["choice", "grid", "uniform", "loguniform", "randint"]
 SearchAlgorithm = Literal["random", "optuna"]
 SchedulerName = Literal["asha", "none"]
 Mode = Literal["min", "max"]
-
-_DIFFUSION_OBJECTIVES = ("val_bpd", "val_mse", "loss", "mse", "vb")
-
-OBJECTIVES_BY_TASK = {
-    "diffusion": _DIFFUSION_OBJECTIVES,
-    "super_res": _DIFFUSION_OBJECTIVES,  # an upsampler's bound and loss, given its input
-    "classifier": (
-        *("val_acc@1", "val_acc@5", "val_loss", "val_acc@1_t0", "val_acc@5_t0"),
-        *("loss", "acc@1", "acc@5"),
-    ),
-}
-"""Metrics the training loop reports that a sweep can optimise, per ``train.task``: the
-validation figures (every ``eval_interval`` steps) and the training terms (every
-``log_interval`` steps)."""
-
-OBJECTIVES = tuple(dict.fromkeys(m for task in OBJECTIVES_BY_TASK.values() for m in task))
-"""Every metric some task reports."""
 
 MAX_CHECKED_TRIALS = 4096
 """Combinations checked before a sweep starts; larger spaces are checked one field at a time."""
@@ -136,11 +122,13 @@ class SweepConfig:
     """Trials running at once (0: as many as the cluster's CPUs, or GPUs, hold)."""
     search: SearchAlgorithm = "random"
     """``random`` (random and grid search) or ``optuna`` (Optuna's TPE)."""
-    metric: str = "val_bpd"
-    """The objective: one of :data:`OBJECTIVES_BY_TASK` for the base config's task (a
-    classifier's: ``val_acc@1`` with ``mode: max``)."""
-    mode: Mode = "min"
-    """Minimise or maximise the objective."""
+    metric: str = ""
+    """The objective: a metric the base config's task reports (its spec's ``objectives``; a
+    diffusion model's ``val_bpd``, ``val_mse``, ``loss``...; a classifier's ``val_acc@1``...).
+    Empty: the task's first objective (``val_bpd``; a classifier's ``val_acc@1``)."""
+    mode: Mode | None = None
+    """Minimise or maximise the objective (empty: the metric's own direction, ``max`` for an
+    accuracy, ``min`` for a loss or bits/dim)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     """Early stopping."""
     seed: int = 0
@@ -164,9 +152,10 @@ class SweepConfig:
             raise _fail("max_concurrent_trials", self.max_concurrent_trials, "must be >= 0")
         if self.search not in get_args(SearchAlgorithm):
             raise _fail("search", self.search, f"valid: {', '.join(get_args(SearchAlgorithm))}")
-        if self.metric not in OBJECTIVES:
-            raise _fail("metric", self.metric, f"valid: {', '.join(OBJECTIVES)}")
-        if self.mode not in get_args(Mode):
+        objectives = all_objectives()
+        if self.metric and self.metric not in objectives:
+            raise _fail("metric", self.metric, f"valid: {', '.join(objectives)}")
+        if self.mode is not None and self.mode not in get_args(Mode):
             raise _fail("mode", self.mode, "valid: min, max")
         if self.seed < 0:
             raise _fail("seed", self.seed, "must be >= 0")
@@ -186,6 +175,33 @@ class SweepConfig:
     def set_items(self) -> list[str]:
         """``set`` as ``--set`` items."""
         return [f"{key}={_as_override(value)}" for key, value in self.set.items()]
+
+
+def all_objectives() -> tuple[str, ...]:
+    """Every metric some task's spec lets a sweep optimise."""
+    from raydiff.train.tasks import task_specs  # the tasks import torch: only when asked
+
+    specs = task_specs().values()
+    return tuple(dict.fromkeys(key for spec in specs for key in spec.objectives))
+
+
+def with_objective(sweep: SweepConfig, task_name: str) -> SweepConfig:
+    """``sweep`` with its objective and direction for the task ``task_name``: the task's first
+    objective where none was given, the metric's own direction where no ``mode`` was; refused
+    when the task does not report the metric."""
+    from raydiff.train.tasks import task_spec  # the tasks import torch: only when asked
+
+    task = task_spec(task_name)
+    metric = sweep.metric or task.objectives[0]
+    if metric not in task.objectives:
+        raise _fail(
+            "metric",
+            metric,
+            f"the base config trains train.task={task.name!r}, which reports "
+            f"{', '.join(task.objectives)}",
+        )
+    mode = sweep.mode or task.metric(metric).objective
+    return dataclasses.replace(sweep, metric=metric, mode=mode)
 
 
 def _build(cls: type, data: Mapping[str, Any], section: str) -> Any:
@@ -277,6 +293,13 @@ class LoadedSweep:
         return {key.strip(): value.strip() for key, _, value in (i.partition("=") for i in items)}
 
     @property
+    def task(self) -> TaskSpec:
+        """The spec of the task every trial trains."""
+        from raydiff.train.tasks import task_spec  # the tasks import torch: only when asked
+
+        return task_spec(self.base_config.train.task)
+
+    @property
     def max_steps(self) -> int:
         return self.base_config.train.max_steps
 
@@ -361,14 +384,7 @@ def load_sweep(
         base_config = fit_to_data(
             base_config, manifest, keep_channels="model.in_channels" in set_fields
         )
-    task_metrics = OBJECTIVES_BY_TASK[base_config.train.task]
-    if sweep.metric not in task_metrics:
-        raise _fail(
-            "metric",
-            sweep.metric,
-            f"the base config trains train.task={base_config.train.task!r}, which reports "
-            f"{', '.join(task_metrics)}",
-        )
+    sweep = with_objective(sweep, base_config.train.task)
     loaded = LoadedSweep(
         sweep=sweep,
         source=dict(data),

@@ -17,6 +17,7 @@ from raydiff.config import ExperimentConfig
 from raydiff.seeding import derive_seed
 from raydiff.train.checkpoint import load_model_weights
 from raydiff.train.task import Task, TaskFactory
+from raydiff.train.tasks import task_spec
 from raydiff.train.trainer import Trainer
 
 if TYPE_CHECKING:
@@ -58,18 +59,13 @@ def build_trainer(
         rank=runtime.rank,
         world_size=runtime.world_size,
     )
-    objective = (
-        f"{diffusion.model_mean_type.name}, {diffusion.loss_type.name}"
-        if config.train.task == "diffusion"
-        else "cross-entropy " + ("of x_t" if config.classifier.noised else "at t = 0")
-    )
     logger.info(
         "%s: %.2fM parameters; diffusion: T=%d %s; %s; %d worker(s), %d images each, %s",
         config.train.task,
         sum(p.numel() for p in model.parameters()) / 1e6,
         config.diffusion.diffusion_steps,
         config.diffusion.noise_schedule,
-        objective,
+        task_spec(config.train.task).describe(config),
         runtime.world_size,
         trainer.local_batch_size,
         trainer.precision.precision,

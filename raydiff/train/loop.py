@@ -35,11 +35,11 @@ from raydiff.train.build import build_trainer
 from raydiff.train.checkpoint import load_checkpoint
 from raydiff.train.data_position import DataPosition
 from raydiff.train.metric_accumulator import MetricAccumulator
-from raydiff.train.progress import format_eta, progress_fields
+from raydiff.train.progress import format_eta, headline_fields
 from raydiff.train.run_files import RunFiles
 from raydiff.train.runtime import Runtime
 from raydiff.train.task import Batch, TaskFactory
-from raydiff.train.tasks import task_of_config
+from raydiff.train.tasks import task_of_config, task_spec
 from raydiff.train.throughput_window import ThroughputWindow
 from raydiff.train.trainer import RanksOutOfSyncError, StepResult
 from raydiff.train.validation import weights_swapped
@@ -80,6 +80,7 @@ class TrainingLoop:
         make_task: TaskFactory,
     ) -> None:
         self.config, self.train = config, config.train
+        self.spec = task_spec(config.train.task)
         self.runtime = runtime
         self.output_dir = output_dir
         self.make_task = make_task
@@ -219,7 +220,7 @@ class TrainingLoop:
             "step %d/%d  %s  eta %s",
             step,
             self.train.max_steps,
-            progress_fields(report),
+            headline_fields(report, task=self.spec),
             format_eta(eta),
         )
         self.files.publish_events(now=publish_now)

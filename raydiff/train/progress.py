@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
+from raydiff.train.task import TaskSpec
 
-def progress_fields(metrics: dict[str, Any]) -> str:
-    """The metrics a progress line shows, those present only (an eval-only step has no loss)."""
-    fields = []
-    for key, fmt in (
-        ("loss", "loss {:.4f}"),
-        ("mse", "mse {:.4f}"),
-        ("acc@1", "acc@1 {:.3f}"),
-        ("val_bpd", "val_bpd {:.3f}"),
-        ("val_acc@1", "val_acc@1 {:.3f}"),
-        ("images_per_s", "{:.0f} img/s"),
-        ("lr", "lr {:.2e}"),
-    ):
-        if key in metrics:
-            fields.append(fmt.format(metrics[key]))
-    return "  ".join(fields)
+
+def headline_fields(metrics: Mapping[str, Any], *, task: TaskSpec) -> str:
+    """The task's headline metrics (then throughput and lr) that ``metrics`` holds, as the
+    progress line and a run's summary show them (an eval-only step has no loss)."""
+    return "  ".join(
+        metric.format(metrics[metric.key])
+        for metric in task.headline()
+        if isinstance(metrics.get(metric.key), int | float)
+    )
 
 
 def format_eta(seconds: float) -> str:

@@ -25,8 +25,8 @@ import torch
 
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import ScheduleSampler
+from raydiff.train.batch import Batch, ValBatches
 from raydiff.train.data_position import DataPosition
-from raydiff.train.task import Batch, ValBatches
 
 CheckpointFiles = Callable[[], dict[str, Any]]
 """Returns the keyword arguments of ``raydiff.train.checkpoint.write_checkpoint_files``."""

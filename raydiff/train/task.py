@@ -12,26 +12,19 @@ class with the same members, whose factory is handed to ``run_loop`` as its ``ma
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
+from raydiff.train.batch import Batch, ValBatches
 
 if TYPE_CHECKING:
     from raydiff.config import ExperimentConfig
     from raydiff.train.runtime import Runtime
 
-Batch = dict[str, Any]
-"""``x`` float32 [B, C, H, W] in [-1, 1], ``index`` int64 [B], ``y`` int64 [B] when labelled;
-in :data:`Losses`, also ``noise`` (like ``x``): the step's standard normal draw for these rows
-(``raydiff.train.trainer.Trainer``), the noise of ``q_sample``, and ``augment_seed`` (int64 [B],
-on the CPU): a seed per row for a task's random augmentations, keyed by the row's place in the
-global batch, so that they do not depend on the number of workers or microbatches."""
-
-ValBatches = list[tuple[torch.Tensor, dict[str, torch.Tensor]]]
-"""Validation images on the device, with their labels (``y``) when the runtime was asked for
-them."""
+__all__ = ["Batch", "Losses", "Metric", "Task", "TaskFactory", "TaskSpec", "ValBatches"]
 
 Losses = Callable[[torch.nn.Module, Batch, torch.Tensor], dict[str, torch.Tensor]]
 """``losses(model, batch, t)``: per-sample terms of a (micro)batch on the device at timesteps
@@ -86,3 +79,124 @@ class TaskFactory(Protocol):
     on every rank alike); most tasks need only ``config``."""
 
     def __call__(self, config: ExperimentConfig, *, runtime: Runtime) -> Task: ...
+
+
+Mode = Literal["min", "max"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metric:
+    """One figure the loop reports for a task: how it is shown, exported and swept."""
+
+    key: str
+    """The name in the loop's reports, TensorBoard (``train/<key>``, ``val/...``) and sweeps."""
+    description: str
+    """One line: what it measures (the Prometheus gauge's help text)."""
+    display: str = ""
+    """How the progress line and the run summary print it (default ``"<key> {:.4g}"``)."""
+    gauge: str = ""
+    """Its Prometheus gauge's name without ``raydiff_`` ('': not exported as a gauge)."""
+    objective: Mode | None = None
+    """A sweep may optimise it, in this direction (None: not an objective)."""
+    headline: bool = False
+    """Shown in the progress line, the run summary and the sweep's results table."""
+
+    def format(self, value: float) -> str:
+        """``value`` as the progress line and the summary print it."""
+        return (self.display or f"{self.key} {{:.4g}}").format(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    """Everything the rest of raydiff asks of a task, declared once in its module of
+    :mod:`raydiff.train.tasks` (as torchtitan's ``TrainSpec`` is for a model family): the
+    progress line, the Prometheus gauges, a sweep's objectives, rows and columns, the CLI's
+    summary, the start-up line and the checkpoint loaders all read it."""
+
+    name: str
+    """``train.task``'s value."""
+    build: TaskFactory
+    """The loop's task factory."""
+    network: Callable[[ExperimentConfig], torch.nn.Module]
+    """The trained network of a config of this task, unloaded (checkpoints for sampling,
+    guidance and evaluation load into it)."""
+    describe: Callable[[ExperimentConfig], str]
+    """The objective as the start-up line names it (``EPSILON, MSE``; ``cross-entropy of x_t``)."""
+    usage: Callable[[str], str]
+    """How a checkpoint of it is used, given its path: said when a command is given one of this
+    task where it wants another."""
+    metrics: tuple[Metric, ...]
+    """Its training and validation metrics (the loop's own are :data:`LOOP_METRICS`)."""
+    train_command: str = "train"
+    """The ``raydiff`` command that trains it (a sweep's ``best_config.yaml`` names it)."""
+    low_res_input: bool = False
+    """Its network takes ``low_res`` (``super_res.small_size``) besides ``x_t``: an upsampler."""
+    objectives: tuple[str, ...] = field(init=False)
+    """The metrics a sweep may optimise; the first is a sweep's default."""
+
+    def __post_init__(self) -> None:
+        keys = [m.key for m in self.metrics]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"task {self.name!r} declares a metric twice: {keys}")
+        objectives = tuple(m.key for m in self.metrics if m.objective is not None)
+        if not objectives:
+            raise ValueError(f"task {self.name!r} declares no sweep objective")
+        object.__setattr__(self, "objectives", objectives)
+
+    def metric(self, key: str) -> Metric:
+        """The metric called ``key`` (a KeyError for one the task does not report)."""
+        return next(m for m in self.all_metrics() if m.key == key)
+
+    def all_metrics(self) -> tuple[Metric, ...]:
+        """The loop's metrics, then the task's."""
+        return (*LOOP_METRICS, *self.metrics)
+
+    def headline(self) -> tuple[Metric, ...]:
+        """The task's headline metrics, then the loop's (throughput, lr)."""
+        return tuple(m for m in (*self.metrics, *LOOP_METRICS) if m.headline)
+
+
+LOOP_METRICS: tuple[Metric, ...] = (
+    Metric(key="step", description="Optimiser steps taken (the run's total)", gauge="step"),
+    Metric(key="epoch", description="Training epoch", gauge="epoch"),
+    Metric(
+        key="grad_norm",
+        description="Gradient norm, mean over the steps since the last report",
+        gauge="grad_norm",
+    ),
+    Metric(
+        key="images_per_s",
+        description="Training throughput, images/s over all workers",
+        display="{:.0f} img/s",
+        gauge="images_per_second",
+        headline=True,
+    ),
+    Metric(
+        key="step_time",
+        description="Wall time per step (data wait + optimiser step)",
+        gauge="step_time_seconds",
+    ),
+    Metric(
+        key="data_wait_fraction",
+        description="Share of the step time spent waiting for data",
+        gauge="data_wait_fraction",
+    ),
+    Metric(
+        key="lr",
+        description="Learning rate of the last step",
+        display="lr {:.2e}",
+        gauge="learning_rate",
+        headline=True,
+    ),
+    Metric(
+        key="loss_scale",
+        description="fp16 gradient scaler's loss scale (1 without fp16)",
+        gauge="loss_scale",
+    ),
+    Metric(
+        key="skipped_steps",
+        description="Steps skipped for non-finite gradients (run total)",
+        gauge="skipped_steps",
+    ),
+)
+"""What the loop reports for every task: progress, throughput, optimiser state."""

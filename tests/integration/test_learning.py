@@ -65,9 +65,9 @@ def ema_bpd_on(config: ExperimentConfig, checkpoint: Path, images: torch.Tensor)
     """Validation bits/dim of the checkpoint's EMA weights on ``images``, as the loop measures
     them (the diffusion task's estimate, the same timesteps and noise seed)."""
     from raydiff.seeding import derive_seed
-    from raydiff.train.tasks.diffusion import DiffusionTask
+    from raydiff.train.tasks.diffusion import diffusion_task
 
-    task = DiffusionTask.from_config(config)
+    task = diffusion_task(config, runtime=None)  # a diffusion model needs nothing of a runtime
     rate = config.optim.ema_rates()[0]
     task.model.load_state_dict(torch.load(checkpoint / f"ema_{rate}.pt", weights_only=True))
     task.model.eval()

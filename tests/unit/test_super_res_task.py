@@ -15,7 +15,13 @@ from tiny_model import tiny_model
 from raydiff.config import ExperimentConfig, apply_overrides, config_from_flags
 from raydiff.core.unet import SuperResModel
 from raydiff.errors import ConfigError
-from raydiff.train.tasks.super_res import SuperResTask, low_res_of, preview_inputs, super_res_task
+from raydiff.train.tasks.diffusion import DiffusionTask
+from raydiff.train.tasks.super_res import (
+    LowResConditioning,
+    low_res_of,
+    preview_inputs,
+    super_res_task,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -89,7 +95,8 @@ def test_the_task_trains_and_evaluates_a_super_res_model_on_the_batchs_low_res()
     config = sr_config()
     images = torch.rand(5, 1, 16, 16) * 2 - 1
     task = super_res_task(config, runtime=ValRuntime(images))
-    assert isinstance(task, SuperResTask) and isinstance(task.model, SuperResModel)
+    assert isinstance(task, DiffusionTask) and isinstance(task.model, SuperResModel)
+    assert isinstance(task.conditioning, LowResConditioning)
     with torch.no_grad():
         for p in task.model.parameters():  # a fresh UNet's zeroed output layer ignores inputs
             p.add_(torch.randn_like(p) * 0.05)
@@ -126,7 +133,7 @@ def test_the_preview_pairs_each_low_res_input_with_its_upsampling():
     torch.testing.assert_close(task.preview(task.model, seed=0), grid)  # a fixed seed
     # No val split: no inputs, no preview.
     none = super_res_task(sr_config(), runtime=ValRuntime(images[:0]))
-    assert none.preview_inputs is None and none.preview(none.model, seed=0) is None
+    assert none.previewer.inputs is None and none.preview(none.model, seed=0) is None
 
 
 def test_a_class_conditional_upsampler_previews_with_the_images_labels():

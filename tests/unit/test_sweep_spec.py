@@ -146,23 +146,26 @@ def test_results_table_csv_and_best_config(tmp_path):
     assert [r.status for r in rows][2:] == ["stopped early", "failed: loss scale collapsed"]
     assert best_row(rows, metric="val_bpd", mode="min") is rows[1]
     assert best_row(rows, metric="val_bpd", mode="max") is rows[2]
-    table = format_table(rows, metric="val_bpd", mode="min")
+    columns = ("val_bpd", "val_mse", "loss")
+    table = format_table(rows, metric="val_bpd", mode="min", columns=columns)
     lines = table.splitlines()
     # Columns some trial reported (no val_mse here), the objective always and first.
     assert lines[0].split() == ["trial", "lr", "val_bpd", "loss", "steps", "status"]
-    header = format_table(rows, metric="val_acc@1", mode="max").splitlines()[0].split()
+    header = format_table(rows, metric="val_acc@1", mode="max", columns=columns)
+    header = header.splitlines()[0].split()
     assert header == ["trial", "lr", "val_acc@1", "val_bpd", "loss", "steps", "status"]
     assert lines[3].startswith("t0001 *") and "5.1" in lines[3]
     assert lines[-1] == "* best val_bpd (min): t0001_lr-0.001"
 
-    path = write_csv(rows, tmp_path / "results.csv", metric="val_bpd")
+    path = write_csv(rows, tmp_path / "results.csv", metric="val_bpd", columns=columns)
     with path.open() as f:
         written = list(csv.DictReader(f))
     assert [r["trial"] for r in written] == [r.trial for r in rows]
     assert written[1]["lr"] == "0.001" and written[1]["val_bpd"] == "5.1"
     assert written[3]["status"] == "failed: loss scale collapsed" and written[3]["val_bpd"] == ""
 
-    best = write_best_config(rows[1], tmp_path / "best_config.yaml")
+    best = write_best_config(rows[1], tmp_path / "best_config.yaml", command="train")
+    assert "raydiff train --config" in best.read_text()
     config = load_config(str(best))
     assert config.optim.lr == 0.001 and config.train.seed == 5
 
@@ -182,7 +185,7 @@ def test_a_classifier_config_is_a_sweep_base_with_its_own_metrics():
     )
     assert trial.train.task == "classifier" and trial.classifier.classifier_depth == 2
     with pytest.raises(UserInputError, match=r"train\.task='classifier', which reports val_acc@1"):
-        load_sweep({"base": "classifier_demo", "search_space": space})  # val_bpd by default
+        load_sweep({"base": "classifier_demo", "search_space": space, "metric": "val_bpd"})
     with pytest.raises(UserInputError, match=r"train\.task='diffusion', which reports val_bpd"):
         load_sweep(sweep(metric="val_acc@1", mode="max"))
 
@@ -200,6 +203,19 @@ def test_every_task_has_its_sweep_objectives():
     from typing import get_args
 
     from raydiff.config.sections import TaskName
-    from raydiff.sweep.spec import OBJECTIVES_BY_TASK
+    from raydiff.train.tasks import task_specs
 
-    assert set(OBJECTIVES_BY_TASK) == set(get_args(TaskName))
+    assert set(task_specs()) == set(get_args(TaskName))
+    assert all(spec.objectives for spec in task_specs().values())
+
+
+def test_a_sweep_without_metric_or_mode_takes_its_tasks_objective():
+    space = {"lr": {"loguniform": [1e-4, 1e-3]}}
+    diffusion = load_sweep({"base": "demo", "search_space": space})
+    assert (diffusion.sweep.metric, diffusion.sweep.mode) == ("val_bpd", "min")
+    classifier = load_sweep({"base": "classifier_demo", "search_space": space})
+    assert (classifier.sweep.metric, classifier.sweep.mode) == ("val_acc@1", "max")
+    loss = load_sweep({"base": "classifier_demo", "search_space": space, "metric": "val_loss"})
+    assert (loss.sweep.metric, loss.sweep.mode) == ("val_loss", "min")
+    given = load_sweep({"base": "demo", "search_space": space, "mode": "max"})
+    assert given.sweep.mode == "max"

@@ -56,9 +56,6 @@ def make_trainer(
         model=model,
         diffusion=diffusion,
         eval_timesteps=stratified_timesteps(50, 4, seed=0),
-        image_shape=(1, 8, 8),
-        sample_count=4,
-        sample_steps=4,
     )
     return Trainer(
         model=model,

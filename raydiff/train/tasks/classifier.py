@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from raydiff.config import ExperimentConfig
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.factory import create_classifier, create_gaussian_diffusion
+from raydiff.train.batch import Batch, ValBatches
 from raydiff.train.runtime import Runtime
-from raydiff.train.task import Batch, ValBatches
+from raydiff.train.task import Metric, TaskSpec
 
 TERMS = ("loss", "acc@1", "acc@5")
 """The per-sample terms, as guided-diffusion logs them."""
@@ -175,3 +176,72 @@ def _add(totals: dict[str, torch.Tensor], name: str, values: torch.Tensor) -> No
 def classifier_task(config: ExperimentConfig, *, runtime: Runtime) -> ClassifierTask:
     """The :class:`raydiff.train.task.TaskFactory` of ``train.task=classifier``."""
     return ClassifierTask.from_config(config)
+
+
+def describe_classifier(config: ExperimentConfig) -> str:
+    """What the classifier learns, as the start-up line names it."""
+    seen = "of x_t" if config.classifier.noised else "at t = 0"
+    return f"cross-entropy {seen}, {config.model.num_classes} classes"
+
+
+def _accuracy(key: str, what: str, *, gauge: str = "", headline: bool = False) -> Metric:
+    return Metric(
+        key=key,
+        description=f"Classifier: {what}",
+        display=f"{key} {{:.3f}}",
+        gauge=gauge,
+        objective="max",
+        headline=headline,
+    )
+
+
+CLASSIFIER_METRICS: tuple[Metric, ...] = (
+    _accuracy(
+        "val_acc@1", "validation top-1 accuracy (x_t)", gauge="val_accuracy_top1", headline=True
+    ),
+    _accuracy("val_acc@5", "validation top-5 accuracy (x_t)", gauge="val_accuracy_top5"),
+    Metric(
+        key="val_loss",
+        description="Classifier: validation cross-entropy",
+        gauge="val_loss",
+        objective="min",
+        headline=True,
+    ),
+    _accuracy(
+        "val_acc@1_t0",
+        "validation top-1 accuracy at t = 0",
+        gauge="val_accuracy_top1_t0",
+        headline=True,
+    ),
+    _accuracy("val_acc@5_t0", "validation top-5 accuracy at t = 0"),
+    Metric(
+        key="loss",
+        description="Classifier: training cross-entropy, mean over all workers since the last "
+        "report",
+        display="loss {:.4f}",
+        gauge="loss",
+        objective="min",
+        headline=True,
+    ),
+    _accuracy(
+        "acc@1",
+        "top-1 accuracy on the training batches (x_t)",
+        gauge="accuracy_top1",
+        headline=True,
+    ),
+    _accuracy("acc@5", "top-5 accuracy on the training batches (x_t)", gauge="accuracy_top5"),
+)
+"""A classifier's figures: validation first (every ``eval_interval`` steps), then the training
+terms (every ``log_interval``)."""
+
+SPEC = TaskSpec(
+    name="classifier",
+    build=classifier_task,
+    network=create_classifier,
+    describe=describe_classifier,
+    usage=lambda checkpoint: (
+        f"a classifier guides sampling: raydiff sample --classifier {checkpoint}"
+    ),
+    metrics=CLASSIFIER_METRICS,
+    train_command="train-classifier",
+)

@@ -19,11 +19,19 @@ import torch
 import torch.nn.functional as F
 
 from raydiff.config import ExperimentConfig
+from raydiff.core.respace import SpacedDiffusion
+from raydiff.factory import create_model
 from raydiff.train.runtime import Runtime
-from raydiff.train.sample_grid import draw_samples
-from raydiff.train.task import Batch, ValBatches
-from raydiff.train.tasks.diffusion import DiffusionTask, task_arguments
-from raydiff.train.validation import estimate_bpd
+from raydiff.train.sample_grid import draw_samples, sampling_diffusion
+from raydiff.train.task import TaskSpec
+from raydiff.train.tasks.diffusion import (
+    DIFFUSION_METRICS,
+    DiffusionTask,
+    class_labels,
+    describe_objective,
+    diffusion_parts,
+    image_shape,
+)
 
 
 def low_res_of(images: torch.Tensor, small_size: int) -> torch.Tensor:
@@ -32,11 +40,22 @@ def low_res_of(images: torch.Tensor, small_size: int) -> torch.Tensor:
     return F.interpolate(images, small_size, mode="area")
 
 
-class SuperResTask(DiffusionTask):
-    """A ``SuperResModel`` trained as the diffusion model is, on ``low_res`` of each batch.
+class LowResConditioning:
+    """The upsampler's model kwargs: ``low_res`` of the images (and the labels ``y`` of a
+    class-conditional upsampler)."""
 
-    :param small_size: the side of the low-resolution input.
-    :param preview_inputs: the preview's model kwargs: ``low_res`` ``[N, C, small_size,
+    def __init__(self, small_size: int) -> None:
+        self.small_size = small_size
+
+    def __call__(self, x: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {**class_labels(x, batch), "low_res": low_res_of(x, self.small_size)}
+
+
+class UpsamplingPreview:
+    """Pairs ``[2N, C, H, W]``: each low-resolution input (enlarged, nearest) and its DDIM
+    upsampling, side by side in the grid's rows.
+
+    :param inputs: the model kwargs of the inputs: ``low_res`` ``[N, C, small_size,
         small_size]`` of the first validation images (and their labels ``y`` for a
         class-conditional upsampler), or None for no preview.
     """
@@ -44,53 +63,24 @@ class SuperResTask(DiffusionTask):
     def __init__(
         self,
         *,
-        small_size: int,
-        preview_inputs: dict[str, torch.Tensor] | None,
-        **kwargs: object,
+        diffusion: SpacedDiffusion,
+        image_shape: tuple[int, int, int],
+        inputs: dict[str, torch.Tensor] | None,
     ) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.small_size = small_size
-        self.preview_inputs = preview_inputs
-        if preview_inputs is not None:  # each input and its upsampling side by side in a row
-            self.preview_columns = 2 * math.ceil(math.sqrt(len(preview_inputs["low_res"])))
+        self.diffusion = diffusion
+        self.image_shape = image_shape
+        self.inputs = inputs
+        # Each input and its upsampling side by side in a row.
+        self.columns = 2 * math.ceil(math.sqrt(len(inputs["low_res"]))) if inputs else None
 
-    def losses(
-        self, model: torch.nn.Module, batch: Batch, t: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        """``training_losses`` of ``batch["x"]`` with ``low_res`` (and ``y``) as model kwargs."""
-        kwargs = {"low_res": low_res_of(batch["x"], self.small_size)}
-        if "y" in batch:
-            kwargs["y"] = batch["y"]
-        return self.diffusion.training_losses(
-            model, batch["x"], t, model_kwargs=kwargs, noise=batch.get("noise")
-        )
-
-    def evaluate(
-        self, model: torch.nn.Module, batches: ValBatches, *, seed: int
-    ) -> dict[str, torch.Tensor]:
-        """The bound estimate of the upsampler: each image's bits/dim given its low-resolution
-        version."""
-        conditioned = [
-            (x, {**cond, "low_res": low_res_of(x, self.small_size)}) for x, cond in batches
-        ]
-        return estimate_bpd(
-            diffusion=self.diffusion,
-            model=model,
-            batches=conditioned,
-            timesteps=self.eval_timesteps,
-            seed=seed,
-        )
-
-    def preview(self, model: torch.nn.Module, *, seed: int) -> torch.Tensor | None:
-        """Pairs ``[2N, C, H, W]``: each low-resolution input (enlarged, nearest) and its DDIM
-        upsampling, side by side in the grid's rows."""
-        if self.preview_inputs is None:
+    def draw(self, model: torch.nn.Module, *, seed: int) -> torch.Tensor | None:
+        if self.inputs is None:
             return None
         device = next(model.parameters()).device
-        inputs = {k: v.to(device) for k, v in self.preview_inputs.items()}
+        inputs = {k: v.to(device) for k, v in self.inputs.items()}
         outputs = draw_samples(
             model=model,
-            diffusion=self.preview_diffusion,
+            diffusion=self.diffusion,
             num_samples=len(inputs["low_res"]),
             image_shape=self.image_shape,
             seed=seed,
@@ -116,13 +106,38 @@ def preview_inputs(
     return inputs
 
 
-def super_res_task(config: ExperimentConfig, *, runtime: Runtime) -> SuperResTask:
-    """The :class:`raydiff.train.task.TaskFactory` of ``train.task=super_res``: the preview's
-    inputs are the first ``train.sample_count`` validation images (none without a val split)."""
+def super_res_task(config: ExperimentConfig, *, runtime: Runtime) -> DiffusionTask:
+    """The :class:`raydiff.train.task.TaskFactory` of ``train.task=super_res``: the diffusion
+    task with a ``SuperResModel``, its low-resolution conditioning, and a preview of the first
+    ``train.sample_count`` validation images upsampled (none without a val split)."""
     small_size = config.super_res.small_size
-    count = config.train.sample_count
-    return SuperResTask(
-        small_size=small_size,
-        preview_inputs=preview_inputs(runtime, count=count, small_size=small_size),
-        **task_arguments(config, super_res=True),
+    parts = diffusion_parts(config, super_res=True)
+    preview = UpsamplingPreview(
+        diffusion=sampling_diffusion(parts["diffusion"], steps=config.train.sample_steps),
+        image_shape=image_shape(config),
+        inputs=preview_inputs(runtime, count=config.train.sample_count, small_size=small_size),
     )
+    return DiffusionTask(**parts, conditioning=LowResConditioning(small_size), preview=preview)
+
+
+def describe_upsampler(config: ExperimentConfig) -> str:
+    """The objective and the input, as the start-up line names them."""
+    size = config.model.image_size
+    small = config.super_res.small_size
+    return f"{describe_objective(config)} given {small}x{small} inputs upsampled to {size}x{size}"
+
+
+SPEC = TaskSpec(
+    name="super_res",
+    build=super_res_task,
+    network=lambda config: create_model(
+        config.model, learn_sigma=config.diffusion.learn_sigma, super_res=True
+    ),
+    describe=describe_upsampler,
+    usage=lambda checkpoint: (
+        "an upsampler samples from low-resolution images: raydiff sample --checkpoint "
+        f"{checkpoint} --low-res SAMPLES.npz"
+    ),
+    metrics=DIFFUSION_METRICS,  # its bound and loss, each image given its input
+    low_res_input=True,
+)
