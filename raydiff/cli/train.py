@@ -127,10 +127,10 @@ def train(options: TrainOptions, *, address: str | None, task: str | None = None
             manifest=manifest,
             address=address,
         )
-    print(f"final metrics: {format_metrics(result)}")
+    print(f"final metrics: {format_result(result, task=config.train.task)}")
     if "evaluation" in result:
         evaluation = result["evaluation"]
-        print(f"evaluation:    {format_metrics(evaluation) or evaluation.get('error')}")
+        print(f"evaluation:    {format_evaluation(evaluation) or evaluation.get('error')}")
     print(f"run folder:    {output}")
     print(f"tensorboard:   tensorboard --logdir {output / 'tensorboard'}")
     return 0
@@ -194,14 +194,19 @@ def sets_field(overrides: list[str], name: str) -> bool:
     return any(item.partition("=")[0].strip().rpartition(".")[2] == name for item in overrides)
 
 
-def format_metrics(metrics: dict[str, Any]) -> str:
-    """The headline metrics of a run or an evaluation on one line."""
-    keys = (
-        *("step", "loss", "val_bpd", "val_mse", "val_loss", "val_acc@1", "val_acc@1_t0"),
-        *("images_per_s", "bpd_val", "fid", "kid_mean"),
-    )
+def format_result(metrics: dict[str, Any], *, task: str) -> str:
+    """A run's final step and its task's headline metrics, on one line."""
+    from raydiff.train.progress import headline_fields
+    from raydiff.train.tasks import task_spec
+
+    step = f"step {metrics['step']}  " if "step" in metrics else ""
+    return step + headline_fields(metrics, task=task_spec(task))
+
+
+def format_evaluation(evaluation: dict[str, Any]) -> str:
+    """A checkpoint evaluation's figures on one line."""
+    from raydiff.evaluate.checkpoint import SCALARS
+
     return "  ".join(
-        f"{k} {metrics[k]:.4g}" if isinstance(metrics[k], float) else f"{k} {metrics[k]}"
-        for k in keys
-        if k in metrics
+        f"{k} {evaluation[k]:.4g}" for k in SCALARS if isinstance(evaluation.get(k), int | float)
     )

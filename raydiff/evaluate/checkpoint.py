@@ -38,6 +38,10 @@ SAMPLE_BATCH = 64
 BPD_BATCH = 16
 
 
+SCALARS = ("bpd_val", "fid", "kid_mean", "precision", "recall", "seconds")
+"""A checkpoint evaluation's figures: TensorBoard's scalars, the log line, the run's summary."""
+
+
 def evaluate_checkpoint(
     checkpoint: str | Path | RemotePath,
     *,
@@ -64,8 +68,7 @@ def evaluate_checkpoint(
     finally:
         results.close()
     _append_line(run_dir / RESULTS_DIR / METRICS_FILE, json.dumps(result))
-    names = ("bpd_val", "fid", "kid_mean", "precision", "recall", "seconds")
-    scalars = {k: v for k, v in result.items() if k in names and v is not None}
+    scalars = {k: v for k, v in result.items() if k in SCALARS and v is not None}
     add_to_tensorboard(run_dir, step=step, scalars=scalars, images={"samples": tile(samples)})
     logger.info(
         "evaluated %s in %.0f s: %s",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
@@ -20,6 +20,9 @@ import ray
 from raydiff.config import DiffusionConfig, ExperimentConfig
 from raydiff.errors import RunInterruptedError
 from raydiff.orchestrate.driver_signals import StopSignal, sigterm_as_ctrl_c
+
+if TYPE_CHECKING:
+    from raydiff.sample.classifier import Guidance
 
 
 @ray.remote
@@ -33,43 +36,29 @@ class ModelActor:
         weights: dict[str, Any],
         *,
         threads: int = 1,
-        classifier: ExperimentConfig | None = None,
-        classifier_weights: dict[str, Any] | None = None,
-        classifier_scale: float = 1.0,
+        guidance: Guidance | None = None,
     ) -> None:
         import torch
 
-        from raydiff.factory import create_gaussian_diffusion, create_model
+        from raydiff.factory import create_gaussian_diffusion
+        from raydiff.train.tasks import task_spec
 
         torch.set_num_threads(threads)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        model = create_model(
-            config.model,
-            learn_sigma=config.diffusion.learn_sigma,
-            super_res=config.train.task == "super_res",
-        )
+        spec = task_spec(config.train.task)
+        model = spec.network(config)
         model.load_state_dict(weights, strict=True)
         if config.model.use_fp16 and self.device.type == "cuda":
             model.convert_to_fp16()  # improved-diffusion's --use_fp16: half precision on GPU only
         self.model = model.eval().to(self.device)
-        upsampler = config.train.task == "super_res"
-        self.low_res_size = config.super_res.small_size if upsampler else None
+        self.low_res_size = config.super_res.small_size if spec.low_res_input else None
         self.diffusion = create_gaussian_diffusion(diffusion_config)
         self.image_shape = (
             config.model.in_channels,
             config.model.image_size,
             config.model.image_size,
         )
-        self.cond_fn = None
-        if classifier is not None:
-            from raydiff.factory import create_classifier
-            from raydiff.sample.classifier import classifier_cond_fn
-
-            net = create_classifier(classifier)
-            net.load_state_dict(classifier_weights, strict=True)
-            if classifier.classifier.classifier_use_fp16 and self.device.type == "cuda":
-                net.convert_to_fp16()
-            self.cond_fn = classifier_cond_fn(net.eval().to(self.device), scale=classifier_scale)
+        self.cond_fn = guidance.cond_fn(self.device) if guidance is not None else None
 
     def sample(
         self,
@@ -137,24 +126,18 @@ def model_actors(
     *,
     num_workers: int,
     use_gpu: bool,
-    classifier: tuple[Any, dict[str, Any], float] | None = None,
+    guidance: Guidance | None = None,
 ) -> Iterator[list[Any]]:
     """``num_workers`` actors of one CPU (one thread) or one GPU each, sharing one copy of the
     weights in the object store; killed when the block ends, by an error or Ctrl-C too (a
     driver joined to a cluster would otherwise leave them holding its CPUs or GPUs)."""
     weights_ref = ray.put({k: v.cpu() for k, v in weights.items()})
-    guidance = {}
-    if classifier is not None:
-        # Top-level arguments only: Ray resolves an object ref there, not inside a tuple.
-        guidance = {
-            "classifier": classifier[0],
-            "classifier_weights": ray.put(classifier[1]),
-            "classifier_scale": classifier[2],
-        }
+    # One copy in the object store; a top-level argument, where Ray resolves an object ref.
+    guidance_ref = ray.put(guidance) if guidance is not None else None
     resources = {"num_gpus": 1} if use_gpu else {"num_cpus": 1}
     actors = [
         ModelActor.options(**resources).remote(
-            config, diffusion_config, weights_ref, threads=1, **guidance
+            config, diffusion_config, weights_ref, threads=1, guidance=guidance_ref
         )
         for _ in range(num_workers)
     ]

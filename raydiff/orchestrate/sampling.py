@@ -16,13 +16,13 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from raydiff.config import DiffusionConfig, ExperimentConfig
 from raydiff.errors import UserInputError
 from raydiff.orchestrate.model_actor import map_batches_in_order, model_actors
+from raydiff.sample.classifier import Guidance
 from raydiff.sample.generate import index_batches, sample_labels
 from raydiff.sample.load import SamplingModel, load_sampling_model
 from raydiff.sample.low_res import LowResImages, check_cascade, load_low_res
@@ -48,10 +48,6 @@ class SampleResult:
     @property
     def samples_per_s(self) -> float:
         return self.num_samples / self.seconds if self.seconds else float("nan")
-
-
-Guidance = tuple[Any, dict[str, Any], float]
-"""A guidance classifier for the actors: (its config, its weights, the guidance scale)."""
 
 
 def run_sampling(options: SampleOptions, *, address: str | None = None) -> SampleResult:
@@ -158,7 +154,7 @@ def _guidance_and_classes(
         classifier = load_classifier(options.classifier, flags=flags, model_config=config)
         check_guides(classifier.config, config, name=f"--classifier {options.classifier}")
         num_classes = classifier.config.model.num_classes
-        guidance = (classifier.config, classifier.network.state_dict(), options.classifier_scale)
+        guidance = Guidance.of(classifier, scale=options.classifier_scale)
     if options.class_labels and num_classes is None:
         raise UserInputError(
             "--class-labels given, but the model is not class-conditional (and no --classifier)"
@@ -208,7 +204,7 @@ def _samples_on_actors(
             loaded.model.state_dict(),
             num_workers=options.num_workers,
             use_gpu=options.use_gpu,
-            classifier=guidance,
+            guidance=guidance,
         ) as actors,
         tqdm(total=options.num_samples, unit="img", desc="sampling") as bar,
     ):

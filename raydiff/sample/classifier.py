@@ -114,6 +114,31 @@ def check_guides(classifier: ExperimentConfig, model: ExperimentConfig, *, name:
 CondFn = Callable[..., torch.Tensor]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Guidance:
+    """A classifier that guides sampling, as the sampling actors take it: the config that
+    describes its network, its weights and the guidance scale ``s``."""
+
+    config: ExperimentConfig
+    weights: dict[str, torch.Tensor]
+    scale: float
+
+    @classmethod
+    def of(cls, classifier: Classifier, *, scale: float) -> Guidance:
+        """``classifier``'s guidance at ``scale``, its weights on the CPU."""
+        weights = {k: v.cpu() for k, v in classifier.network.state_dict().items()}
+        return cls(config=classifier.config, weights=weights, scale=scale)
+
+    def cond_fn(self, device: torch.device) -> CondFn:
+        """Its network built and loaded on ``device`` (half precision on a GPU where its
+        config's ``classifier_use_fp16`` says so), as a :func:`classifier_cond_fn`."""
+        network = create_classifier(self.config)
+        network.load_state_dict(self.weights, strict=True)
+        if self.config.classifier.classifier_use_fp16 and device.type == "cuda":
+            network.convert_to_fp16()
+        return classifier_cond_fn(network.eval().to(device), scale=self.scale)
+
+
 def classifier_cond_fn(classifier: torch.nn.Module, *, scale: float) -> CondFn:
     """``cond_fn(x_t, t, y)`` = ``scale * grad_x log p(y | x_t, t)`` (ADM eq. 10's gradient).
 

@@ -18,9 +18,9 @@ from raydiff.config import (
     load_config,
 )
 from raydiff.errors import UserInputError
-from raydiff.factory import create_classifier, create_model
 from raydiff.storage import RemotePath, as_location, local_copy
 from raydiff.train.checkpoint import load_model_weights, require_checkpoint_dir
+from raydiff.train.tasks import task_spec
 
 
 @dataclass(kw_only=True)
@@ -117,18 +117,11 @@ def load_sampling_model(
         config, file = _checkpoint_weights(path, weights, task)
     else:
         config, file = _published_weights(path, weights, model_flags, config_file)
-        if task == "super_res":  # a published upsampler's flags name no task
-            config = apply_overrides(config, ["train.task=super_res"])
-        elif or_task is not None and config.train.task == or_task:
+        if or_task is not None and config.train.task == or_task:
             task = or_task  # its config file or flags (--task super_res) say which
-    if task == "classifier":
-        model = create_classifier(config)
-    else:
-        model = create_model(
-            config.model,
-            learn_sigma=config.diffusion.learn_sigma,
-            super_res=task == "super_res",
-        )
+        elif config.train.task != task:  # a published model's flags name no task
+            config = apply_overrides(config, [f"train.task={task}"])
+    model = task_spec(task).network(config)
     load_model_weights(model, file)
     return SamplingModel(model=model.eval(), config=config, weights=file)
 
@@ -165,16 +158,7 @@ def _checkpoint_weights(
 
 def _task_hint(found: str, wanted: str, checkpoint: Path) -> str:
     """How a checkpoint of task ``found`` is used, where one of ``wanted`` was expected."""
-    if found == "classifier" and wanted == "diffusion":
-        return f" (a classifier guides sampling: raydiff sample --classifier {checkpoint})"
-    if found == "super_res" and wanted == "diffusion":
-        return (
-            " (an upsampler samples from low-resolution images: raydiff sample --checkpoint "
-            f"{checkpoint} --low-res SAMPLES.npz)"
-        )
-    if found == "diffusion" and wanted == "super_res":
-        return " (--low-res and --upsampler take upsamplers: train.task=super_res)"
-    return ""
+    return f" ({task_spec(found).usage(str(checkpoint))})"
 
 
 def _published_weights(

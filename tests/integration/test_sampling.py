@@ -328,7 +328,7 @@ def test_a_cascade_and_low_res_upsample_the_same_on_one_and_two_workers(ray_clus
     ]
     np.testing.assert_array_equal(np.concatenate(in_process), two_workers)
 
-    with pytest.raises(UserInputError, match=r"train.task='diffusion'.*take upsamplers"):
+    with pytest.raises(UserInputError, match=r"train.task='diffusion'.*a diffusion model samples"):
         run_sampling(
             SampleOptions(
                 checkpoint=str(base),

@@ -135,3 +135,23 @@ def test_train_classifier_refuses_a_config_of_another_task(tmp_path, capsys) -> 
         "'classifier': give a classifier config (or --set train.task=classifier)"
     )
     assert not out.exists()
+
+
+def test_the_start_up_line_names_the_classifiers_objective(caplog, tmp_path):
+    from raydiff.train.build import build_trainer
+    from raydiff.train.local import LocalRuntime
+    from raydiff.train.tasks import task_of_config
+
+    config = classifier_config()
+    size = config.model.image_size
+    runtime = LocalRuntime(
+        config,
+        output_dir=tmp_path,
+        resume=None,
+        images=torch.zeros(4, config.model.in_channels, size, size),
+        labels=torch.zeros(4, dtype=torch.int64),
+    )
+    with caplog.at_level("INFO", logger="raydiff.train.build"):
+        build_trainer(config, runtime=runtime, make_task=task_of_config)
+    [line] = [r.getMessage() for r in caplog.records if "parameters" in r.getMessage()]
+    assert line.startswith("classifier: ") and "cross-entropy of x_t" in line

@@ -101,7 +101,7 @@ def test_an_upsampler_needs_low_res_and_a_base_model_refuses_it(tmp_path):
     base = checkpoint("base")
     with pytest.raises(UserInputError, match=r"train.task='super_res'.*--low-res SAMPLES\.npz"):
         load_sampling_model(sr, weights="model")
-    with pytest.raises(UserInputError, match=r"train.task=.diffusion.*--upsampler take upsamplers"):
+    with pytest.raises(UserInputError, match=r"train.task=.diffusion.*a diffusion model samples"):
         load_sampling_model(base, weights="model", task="super_res")
     loaded = load_sampling_model(sr, weights="model", task="super_res")
     assert type(loaded.model).__name__ == "SuperResModel"
