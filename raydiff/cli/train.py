@@ -168,7 +168,9 @@ def checked_config(
         config.train.check_worker_sizes(config.scaling.worker_sizes)
     manifest = manifest or manifest_preparing_demo(config.data.data_dir)
     keep_channels = sets_field(overrides, "in_channels")
-    return fit_to_data(config, manifest, keep_channels=keep_channels), manifest
+    keep_classes = "num_classes" in data.get("model", {})  # the preset, file or --set gives it
+    fitted = fit_to_data(config, manifest, keep_channels=keep_channels, keep_classes=keep_classes)
+    return fitted, manifest
 
 
 def manifest_preparing_demo(data_dir: str) -> Manifest:

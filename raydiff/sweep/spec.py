@@ -382,7 +382,10 @@ def load_sweep(
     manifest = manifest_for(base_config.data.data_dir) if manifest_for else None
     if manifest is not None:
         base_config = fit_to_data(
-            base_config, manifest, keep_channels="model.in_channels" in set_fields
+            base_config,
+            manifest,
+            keep_channels="model.in_channels" in set_fields,
+            keep_classes="num_classes" in base_data.get("model", {}),
         )
     sweep = with_objective(sweep, base_config.train.task)
     loaded = LoadedSweep(

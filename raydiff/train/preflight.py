@@ -76,17 +76,26 @@ def check_image_size(image_size: int, manifest: Manifest) -> None:
 
 
 def fit_to_data(
-    config: ExperimentConfig, manifest: Manifest, *, keep_channels: bool = False
+    config: ExperimentConfig,
+    manifest: Manifest,
+    *,
+    keep_channels: bool = False,
+    keep_classes: bool = False,
 ) -> ExperimentConfig:
     """``config`` made to train on ``manifest``'s images, or a ConfigError saying how.
 
     A preset's ``model.in_channels`` follows the data (the demo model trains on an RGB folder as
     well as on Fashion-MNIST): the channel count only changes the first and last convolution.
-    ``keep_channels`` (the user set ``in_channels`` themselves) turns that into an error. The
-    image size shapes the whole UNet, so a mismatch is an error that names both ways out.
+    ``keep_channels`` (the user set ``in_channels`` themselves) turns that into an error. A
+    class-conditional model's ``num_classes`` follows the data's labels in the same way
+    (improved-diffusion's constant 1000 would give Fashion-MNIST 990 unused class embeddings,
+    and a classifier of the same data could not guide it); ``keep_classes`` (the config sets
+    ``num_classes``) turns a mismatch into an error naming both counts. The image size shapes
+    the whole UNet, so a mismatch is an error that names both ways out.
     """
     model = config.model
     check_image_size(model.image_size, manifest)
+    config = _fit_classes(config, manifest, keep_classes=keep_classes)
     if manifest.channels != model.in_channels:
         if keep_channels:
             raise ConfigError(
@@ -105,6 +114,32 @@ def fit_to_data(
         )
         config = apply_overrides(config, [f"model.in_channels={manifest.channels}"])
     return config
+
+
+def _fit_classes(
+    config: ExperimentConfig, manifest: Manifest, *, keep_classes: bool
+) -> ExperimentConfig:
+    """A class-conditional model's ``num_classes`` from the data's labels (an unlabelled
+    dataset is refused later, by ``check_compatible``)."""
+    model = config.model
+    found = manifest.num_classes
+    if not model.class_cond or not found or model.num_classes == found:
+        return config
+    if keep_classes:
+        raise ConfigError(
+            section="model",
+            field="num_classes",
+            value=model.num_classes,
+            reason=f"the dataset {manifest.root} has {found} classes: set num_classes={found}, "
+            f"or leave it out (a class-conditional model takes the data's class count)",
+        )
+    logger.info(
+        "the dataset has %d classes: model.num_classes=%d (the config had %d)",
+        found,
+        found,
+        model.num_classes,
+    )
+    return apply_overrides(config, [f"model.num_classes={found}"])
 
 
 def check_run(

@@ -317,3 +317,54 @@ def test_the_cli_refuses_an_image_size_unlike_the_datas_naming_the_size_that_fit
     err = capsys.readouterr().err
     assert "model.image_size=64 is invalid" in err and "--set image_size=32" in err, err
     assert "attention_resolutions" not in err and not (tmp_path / "s").exists()
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory):
+    """16x16 grey images with 4 classes."""
+    root = tmp_path_factory.mktemp("labelled")
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (24, 16, 16), np.uint8)
+    np.savez(root / "tiny.npz", images, np.arange(24) % 4)
+    out = root / "data"
+    source = str(root / "tiny.npz")
+    prepare_dataset(
+        PrepareOptions(
+            source=source, out=str(out), image_size=16, channels=1, val_count=8, progress=False
+        )
+    )
+    return out
+
+
+def test_a_class_conditional_model_takes_the_datas_class_count(labelled, caplog):
+    """improved-diffusion's constant 1000 classes on a 4-class dataset would leave 996 unused
+    embeddings, and a classifier of the same data could not guide the model."""
+    manifest = load_manifest(str(labelled))
+    cond = config(labelled, "model.class_cond=true")
+    assert cond.model.num_classes == 1000
+    with caplog.at_level("INFO", logger="raydiff.train.preflight"):
+        fitted = preflight.fit_to_data(cond, manifest)
+    assert fitted.model.num_classes == 4 and "the dataset has 4 classes" in caplog.text
+    check_run(fitted)
+    # Set by the config (a preset, a file or --set): a count unlike the data's names both.
+    for count in (5, 3):
+        with pytest.raises(ConfigError, match=rf"num_classes={count} is invalid.*has 4 classes"):
+            preflight.fit_to_data(
+                config(labelled, "model.class_cond=true", f"model.num_classes={count}"),
+                manifest,
+                keep_classes=True,
+            )
+    same = config(labelled, "model.class_cond=true", "model.num_classes=4")
+    assert preflight.fit_to_data(same, manifest, keep_classes=True) == same
+    # An unconditional model keeps its (unused) count.
+    assert preflight.fit_to_data(config(labelled), manifest).model.num_classes == 1000
+
+
+def test_the_cli_fits_the_class_count_unless_the_config_sets_it(labelled, tmp_path, capsys):
+    sets = [arg for o in BASE_OVERRIDES for arg in ("--set", o)]
+    argv = ["train", "--single-process", "--data", str(labelled), "--max-steps", "1", *sets]
+    argv += ["--set", "class_cond=true", "--set", "num_classes=7"]
+    assert main([*argv, "--output", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert "num_classes=7" in err and "has 4 classes" in err
+    assert not (tmp_path / "r").exists()
