@@ -133,6 +133,52 @@ def test_asha_stops_a_bad_trial_a_diverging_one_fails_and_resume_runs_none_again
     } == started
 
 
+def test_a_classifier_sweep_reports_its_own_objective_and_writes_its_best_config(
+    ray_cluster, tiny_dataset, tmp_path
+):
+    """No metric or mode in the sweep file: the classifier's own objective (val_acc@1, max) is
+    every row's column, picks the best trial, and its best_config.yaml trains with
+    ``raydiff train-classifier --config``."""
+    from tiny_model import tiny_classifier
+
+    from raydiff.cli import main
+    from raydiff.config import read_config
+    from raydiff.orchestrate.sweep import start_sweep
+    from raydiff.sweep.spec import load_sweep
+
+    base = yaml.safe_load(write_base(tmp_path, tiny_dataset.path).read_text())
+    classifier = read_config(None, tiny_classifier(image_size=16))
+    for section, fields in classifier.items():
+        base.setdefault(section, {}).update(fields)
+    base["train"].update(max_steps=8, save_interval=8)
+    (tmp_path / "classifier.yaml").write_text(yaml.safe_dump(base))
+    sweep = write_sweep(
+        tmp_path,
+        base=str(tmp_path / "classifier.yaml"),
+        set={"seed": 0},
+        search_space={"lr": {"grid": [3e-3, 1e-7]}},
+        scheduler={"name": "none"},
+    )
+    loaded = load_sweep(sweep)
+    assert (loaded.sweep.metric, loaded.sweep.mode) == ("val_acc@1", "max")
+    out = tmp_path / "sweep_out"
+    outcome = start_sweep(loaded, output_dir=out)
+    print(outcome.table)
+    rows = read_results(out)
+    assert [r["status"] for r in rows] == ["finished", "finished"]
+    header = outcome.table.splitlines()[0].split()
+    assert header[:3] == ["trial", "lr", "val_acc@1"] and "val_bpd" not in header
+    for row in rows:
+        assert 0 <= float(row["val_acc@1"]) <= 1 and float(row["val_loss"]) > 0
+    assert "* best val_acc@1 (max)" in outcome.table
+    best = out / "best_config.yaml"
+    assert "raydiff train-classifier --config" in best.read_text()
+    run = tmp_path / "from_best"
+    argv = ["train-classifier", "--config", str(best), "--single-process", "--max-steps", "2"]
+    assert main([*argv, "--output", str(run)]) == 0
+    assert (run / "checkpoint_000002").is_dir()
+
+
 def _assert_nothing_left_behind() -> None:
     """Trials stopped early leave no placement group or loss-history actor holding resources."""
     import ray
