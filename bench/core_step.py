@@ -107,7 +107,7 @@ class Stepper:
         )
         self.sampler = lib.UniformSampler(self.diffusion)
         if self.impl == "raydiff":
-            # What raydiff's Trainer steps with (fused AdamW); the reference keeps torch's default
+            # What raydiff's RankOptimizer steps with (fused AdamW); the reference keeps torch's default
             # AdamW, as improved-diffusion's TrainLoop builds it.
             from raydiff.config import OptimConfig
             from raydiff.train.optimizer import build_optimizer

@@ -85,7 +85,7 @@ def ray_ingest(
     datasets = build_datasets(config)
     build_seconds = time.perf_counter() - started
     from raydiff.data.cached_split import CachedSplit
-    from raydiff.orchestrate.trainer import dataset_config
+    from raydiff.orchestrate.training_job import dataset_config
 
     cached = datasets.pop("train") if isinstance(datasets["train"], CachedSplit) else None
     out = Path(tempfile.mkdtemp(prefix="ingest-", dir=args.work))

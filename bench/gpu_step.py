@@ -4,8 +4,8 @@ improved-diffusion's own ``--use_fp16`` step, in the same process.
 The model and diffusion are configs/cifar10_hybrid.yaml's (52.5M parameters, 32x32x3, 4000 cosine
 steps, learned sigmas, dropout 0.3), with its batch of 128 on the one GPU.
 
-* raydiff-fp16 / raydiff-bf16: raydiff's training step (``Trainer.train_step`` as
-  ``raydiff.train.build.build_trainer`` assembles it for one process): autocast with fp32 weights,
+* raydiff-fp16 / raydiff-bf16: raydiff's training step (``RankOptimizer.optimize`` as
+  ``raydiff.train.build.build_rank_optimizer`` assembles it for one process): autocast with fp32 weights,
   ``torch.amp.GradScaler`` for fp16, fused AdamW, the EMA update.
 * ref-fp16: improved-diffusion's ``TrainLoop.run_step`` with ``use_fp16=True``, as
   improved-diffusion's ``image_train.py --use_fp16 True`` runs it on one GPU: the model converted to fp16, fp32
@@ -73,7 +73,7 @@ def preset(batch: int, precision: str) -> ExperimentConfig:
 
 def raydiff_step(config: ExperimentConfig, images: torch.Tensor, device: torch.device) -> Callable:
     """raydiff's training step for ``config`` on ``device``."""
-    from raydiff.train.build import build_trainer
+    from raydiff.train.build import build_rank_optimizer
     from raydiff.train.data_position import DataPosition
     from raydiff.train.local import LocalRuntime
     from raydiff.train.tasks.diffusion import diffusion_task
@@ -86,14 +86,14 @@ def raydiff_step(config: ExperimentConfig, images: torch.Tensor, device: torch.d
         labels=None,
         device=device,
     )
-    _, trainer = build_trainer(config, runtime=runtime, make_task=diffusion_task)
+    _, trainer = build_rank_optimizer(config, runtime=runtime, make_task=diffusion_task)
     trainer.raw_model.train()
     # One batch as the runtime hands it to the loop (on the device, flipped as configured),
     # reused for every step: a step's cost does not depend on the pixels.
     _, batch = next(
         runtime.train_batches(batch_size=config.train.batch_size, position=DataPosition())
     )
-    return lambda: trainer.train_step(batch)
+    return lambda: trainer.optimize(batch)
 
 
 def import_improved_diffusion(root: Path) -> types.SimpleNamespace:

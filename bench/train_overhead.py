@@ -9,7 +9,7 @@ learn_sigma, cosine schedule, T = 1000, schedule_sampler loss-second-moment, fp3
 ``--precision bf16``). Data: a synthetic dataset of 2048 random uint8 32x32x3 images prepared
 with ``raydiff.data.prepare_dataset`` into a temporary folder.
 
-* plain: the trainer ``raydiff.train.build.build_trainer`` makes on the single-process runtime
+* plain: the trainer ``raydiff.train.build.build_rank_optimizer`` makes on the single-process runtime
   (a local ``LossSecondMomentResampler``, in-memory batches of the same prepared pixels); ``--warmup`` untimed
   steps, then ``--steps`` timed steps (batch fetch + ``train_step``).
 * ray: ``raydiff.orchestrate.run_training_job`` with one worker (``TorchTrainer``, Ray Data
@@ -183,7 +183,7 @@ def run_plain(
     import torch
 
     from raydiff.config import ExperimentConfig, apply_overrides
-    from raydiff.train.build import build_trainer
+    from raydiff.train.build import build_rank_optimizer
     from raydiff.train.data_position import DataPosition
     from raydiff.train.local import LocalRuntime
     from raydiff.train.tasks.diffusion import diffusion_task
@@ -195,20 +195,20 @@ def run_plain(
     runtime = LocalRuntime(
         config, output_dir=data_dir / "plain-run", resume=None, images=pixels, labels=None
     )
-    _, trainer = build_trainer(config, runtime=runtime, make_task=diffusion_task)
+    _, trainer = build_rank_optimizer(config, runtime=runtime, make_task=diffusion_task)
     trainer.raw_model.train()
     batches = runtime.train_batches(batch_size=BATCH, position=DataPosition())
     run = PlainRun(threads=torch.get_num_threads(), loadavg_1min=os.getloadavg()[0])
     start = time.perf_counter()
     for _ in range(warmup):
         _, batch = next(batches)
-        trainer.train_step(batch)
+        trainer.optimize(batch)
     run.warmup_s = time.perf_counter() - start
     window_start = time.time()
     for i in range(steps):
         t0 = time.perf_counter()
         _, batch = next(batches)
-        trainer.train_step(batch)
+        trainer.optimize(batch)
         run.step_times_s.append(time.perf_counter() - t0)
         print(f"  plain step {i + 1}/{steps}: {run.step_times_s[-1]:.3f}s", flush=True)
     run.window = (window_start, time.time())
@@ -303,7 +303,7 @@ def run_ray(
 ) -> RayRun:
     """One Ray Train run of warmup + steps steps; the window comes from TensorBoard."""
     from raydiff.config import ExperimentConfig, apply_overrides
-    from raydiff.orchestrate.trainer import run_training_job
+    from raydiff.orchestrate.training_job import run_training_job
 
     max_steps = warmup + steps
     interval = log_interval if log_interval > 0 else max_steps

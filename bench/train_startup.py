@@ -97,7 +97,7 @@ def main() -> None:
 
     from raydiff.config import ExperimentConfig, apply_overrides
     from raydiff.orchestrate.ray_session import start_local_ray
-    from raydiff.orchestrate.trainer import run_training_job
+    from raydiff.orchestrate.training_job import run_training_job
 
     tmp = Path(tempfile.mkdtemp(prefix="raydiff-startup-"))
     data = args.data or synthetic_dataset(tmp)

@@ -118,7 +118,7 @@ def train(options: TrainOptions, *, address: str | None, task: str | None = None
             config, output_dir=output, resume=options.resume or None, manifest=manifest
         )
     else:
-        from raydiff.orchestrate.trainer import run_training_job
+        from raydiff.orchestrate.training_job import run_training_job
 
         result = run_training_job(
             config,

@@ -11,7 +11,7 @@ W takes the r-th of W equal slices of each. The global batches therefore do not 
 number of workers: a run resumed on another number (an elastic resize, a restart on the nodes
 that are left) trains on exactly the batches the uninterrupted run would have, with no example
 of the epoch repeated or skipped. Flips and normalisation are the streamed pipeline's
-(:func:`raydiff.data.pipeline.collate_rows`).
+(:func:`raydiff.data.collate.collate_rows`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from raydiff.data.collate import collate_rows
 from raydiff.data.config import DataConfig
 from raydiff.data.order import global_batch_rows
 
@@ -70,8 +71,6 @@ class CachedSplit:
         ``global_batch // world_size`` rows. ``skip_batches``: global batches of ``epoch_start``
         already trained on (at any worker count).
         """
-        from raydiff.data.pipeline import collate_rows
-
         rows = self._load()
         for epoch, ids in global_batch_rows(
             self.num_rows,

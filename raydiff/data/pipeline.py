@@ -17,7 +17,7 @@ seeded places:
   resumed epoch (``epoch_offset``);
 * the rows, through each worker's local shuffle buffer seeded by (seed, epoch, rank);
 * the horizontal flips, a hash of (seed, epoch, row index): independent of which worker or
-  batch a row lands in (the cached path flips the same way, :func:`collate_rows`).
+  batch a row lands in (the cached path flips the same way, :func:`raydiff.data.collate.collate_rows`).
 
 A streamed split's batches depend on the number of workers (which rows reach which worker is
 Ray's dynamic split): a run resumed on another number continues at the same position (the
@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raydiff.data.cached_split import CachedSplit
+from raydiff.data.collate import collate_rows
 from raydiff.data.config import DataConfig
 from raydiff.data.manifest import Manifest, check_compatible, load_manifest
 from raydiff.data.order import (
     block_order_seed,
-    flip_mask,
     shuffle_buffer_seed,
     start_block_order_at,
 )
@@ -54,7 +54,6 @@ from raydiff.storage import open_filesystem
 
 if TYPE_CHECKING:
     import ray.data
-    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -273,11 +272,6 @@ def decode_batch(
     return {"image": image, "label": batch["label"], "index": batch["index"], "key": batch["key"]}
 
 
-def normalise(image: np.ndarray) -> np.ndarray:
-    """uint8 -> float32 in [-1, 1], improved-diffusion's exact arithmetic (``x / 127.5 - 1``)."""
-    return image.astype(np.float32) / 127.5 - 1
-
-
 def iterate_batches(
     shard: ray.data.DataIterator | ray.data.Dataset,
     *,
@@ -356,37 +350,6 @@ def make_collate_fn(
     return _collate_class()(
         seed=seed, epoch=epoch, random_flip=random_flip, class_cond=class_cond, with_keys=with_keys
     )
-
-
-def collate_rows(
-    batch: dict[str, np.ndarray],
-    *,
-    seed: int,
-    epoch: int,
-    random_flip: bool,
-    class_cond: bool,
-    with_keys: bool,
-) -> dict[str, Any]:
-    """Decoded rows (``image`` uint8 [B, C, H, W], ``index``, ``label``, ``key``) -> the training
-    batch: ``epoch``'s flips, then normalisation to float32 torch tensors."""
-    import torch
-
-    image = batch["image"]
-    index = batch["index"]
-    if random_flip:
-        # Flip the uint8 pixels: a quarter of the bytes of flipping floats.
-        flip = flip_mask(index, seed=seed, epoch=epoch)
-        image = np.where(flip[:, None, None, None], image[..., ::-1], image)
-    # New arrays throughout: Arrow-backed batches are read-only, torch wants writable.
-    out: dict[str, torch.Tensor | list[str]] = {
-        "x": torch.from_numpy(normalise(image)),
-        "index": torch.from_numpy(np.array(index, dtype=np.int64)),
-    }
-    if class_cond:
-        out["y"] = torch.from_numpy(np.array(batch["label"], dtype=np.int64))
-    if with_keys:
-        out["key"] = [str(k) for k in batch["key"]]
-    return out
 
 
 @functools.cache

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from raydiff.data.image_sources import load_labelled_images
 from raydiff.data.manifest import MANIFEST_NAME
 from raydiff.evaluate.classifier_features import classifier_accuracy, load_classifier_features
-from raydiff.evaluate.image_sources import load_labelled_images
 from raydiff.evaluate.report import add_to_tensorboard, run_checkpoint, write_json
 from raydiff.evaluate.samples_fid import (
     check_not_the_guide,

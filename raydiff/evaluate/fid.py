@@ -9,7 +9,7 @@ The features are the standard FID Inception's (torch-fidelity's network, see
   cubic polynomial kernel, mean and standard deviation over random subsets.
 
 raydiff brings what torch-fidelity's ``calculate_metrics`` does not fit: its image sources
-(:mod:`raydiff.evaluate.image_sources`: sample npz files, image folders, prepared datasets, also
+(:mod:`raydiff.data.image_sources`: sample npz files, image folders, prepared datasets, also
 under URIs) and its reference cache in the dataset (:mod:`raydiff.evaluate.reference_cache`).
 :func:`compute_fid` also reports improved precision and recall in the same features
 (:mod:`raydiff.evaluate.precision_recall`). No Ray here.
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from raydiff.data.image_sources import SOURCE_KINDS, load_images
 from raydiff.data.manifest import is_remote
 from raydiff.errors import UserInputError
-from raydiff.evaluate.image_sources import SOURCE_KINDS, load_images
 from raydiff.evaluate.inception import (
     DEFAULT_BATCH_SIZE,
     extract_features,

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from raydiff.data.image_sources import load_images
 from raydiff.data.manifest import MANIFEST_NAME, is_remote, load_manifest
-from raydiff.evaluate.image_sources import load_images
 from raydiff.evaluate.inception import DEFAULT_BATCH_SIZE, extract_features, extractor_id
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 ``run_sweep(loaded, output_dir=...)`` runs a checked sweep (:func:`raydiff.sweep.spec.
 load_sweep`) under ``tune.Tuner`` in Train V2 style: the trainable is a small function that
-builds the trial's config and calls :func:`raydiff.orchestrate.trainer.run_training_job`, whose
+builds the trial's config and calls :func:`raydiff.orchestrate.training_job.run_training_job`, whose
 workers' reports reach Tune through :class:`EvaluationRelay`. ``resume_sweep(output_dir)``
 continues an interrupted one with ``Tuner.restore``; finished and failed trials are not re-run,
 and an interrupted trial continues its own run from its newest checkpoint.
@@ -40,7 +40,7 @@ from raydiff.data.pipeline import cache_splits
 from raydiff.errors import UserInputError
 from raydiff.orchestrate.driver_signals import sigterm_as_ctrl_c
 from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console, verbose
-from raydiff.orchestrate.trainer import absolute_uri, run_training_job, sampler_actor_key
+from raydiff.orchestrate.training_job import absolute_uri, run_training_job, sampler_actor_key
 from raydiff.storage import RemotePath, as_location, resolve_location, write_text_atomically
 from raydiff.sweep.results import (
     TrialRow,

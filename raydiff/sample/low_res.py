@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from raydiff.config import ExperimentConfig
+from raydiff.data.image_sources import load_images
 from raydiff.errors import UserInputError
-from raydiff.evaluate.image_sources import load_images
 from raydiff.sample.outputs import is_npz_name
 from raydiff.storage import local_copy, resolve_location
 

@@ -1,9 +1,9 @@
-"""Config and task -> a ready ``Trainer`` for one rank: the task's model and loss, the timestep
+"""Config and task -> a ready ``RankOptimizer`` for one rank: the task's model and loss, the timestep
 sampler, optimiser, EMA.
 
 The one assembly used by the training loop (every runtime) and the benchmarks. Resuming is
-``Trainer.restore`` (weights, every EMA rate, optimiser, loss scaler, sampler, step) plus the data
-position of the checkpoint; random streams need no restoring (see ``Trainer``).
+``RankOptimizer.restore`` (weights, every EMA rate, optimiser, loss scaler, sampler, step) plus the data
+position of the checkpoint; random streams need no restoring (see ``RankOptimizer``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 from raydiff.config import ExperimentConfig
 from raydiff.seeding import derive_seed
 from raydiff.train.checkpoint import load_model_weights
+from raydiff.train.rank_optimizer import RankOptimizer
 from raydiff.train.task import Task, TaskFactory
 from raydiff.train.tasks import task_spec
-from raydiff.train.trainer import Trainer
 
 if TYPE_CHECKING:
     from raydiff.train.runtime import Runtime
@@ -26,9 +26,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def build_trainer(
+def build_rank_optimizer(
     config: ExperimentConfig, *, runtime: Runtime, make_task: TaskFactory, fresh: bool = True
-) -> tuple[Task, Trainer]:
+) -> tuple[Task, RankOptimizer]:
     """The task of ``config`` and the trainer of ``runtime``'s rank for it.
 
     Every rank builds the same initial weights (``make_task`` runs seeded by ``train.seed``; DDP
@@ -47,7 +47,7 @@ def build_trainer(
     sampler = runtime.schedule_sampler(
         diffusion, seed=derive_seed(config.train.seed, "timesteps", runtime.rank), fresh=fresh
     )
-    trainer = Trainer(
+    trainer = RankOptimizer(
         model=wrapped,
         raw_model=model,
         losses=task.losses,

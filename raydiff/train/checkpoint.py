@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d+)$")
 PROGRESS_FILE = "progress.json"
 FILES_FILE = "files.json"
-#: Trainer-state entries copied to progress.json: optimiser steps taken, the data epoch and how
+#: RankOptimizer-state entries copied to progress.json: optimiser steps taken, the data epoch and how
 #: many (global) samples of that epoch were consumed.
 PROGRESS_KEYS = ("step", "epoch", "epoch_samples")
 

@@ -31,17 +31,17 @@ import torch
 from raydiff.config import ExperimentConfig, to_dict
 from raydiff.seeding import derive_seed
 from raydiff.storage import RemotePath
-from raydiff.train.build import build_trainer
+from raydiff.train.build import build_rank_optimizer
 from raydiff.train.checkpoint import load_checkpoint
 from raydiff.train.data_position import DataPosition
 from raydiff.train.metric_accumulator import MetricAccumulator
 from raydiff.train.progress import format_eta, headline_fields
+from raydiff.train.rank_optimizer import RanksOutOfSyncError, StepResult
 from raydiff.train.run_files import RunFiles
 from raydiff.train.runtime import Runtime
 from raydiff.train.task import Batch, TaskFactory
 from raydiff.train.tasks import task_of_config, task_spec
 from raydiff.train.throughput_window import ThroughputWindow
-from raydiff.train.trainer import RanksOutOfSyncError, StepResult
 from raydiff.train.validation import weights_swapped
 
 logger = logging.getLogger(__name__)
@@ -89,16 +89,16 @@ class TrainingLoop:
 
     def run(self) -> dict[str, Any]:
         self.build()
-        if self.trainer.step >= self.train.max_steps:
+        if self.optimizer.step >= self.train.max_steps:
             logger.warning(
                 "the run is already at step %d >= train.max_steps=%d: nothing to train (raise "
                 "--max-steps to continue it, or choose another --output for a new run)",
-                self.trainer.step,
+                self.optimizer.step,
                 self.train.max_steps,
             )
-            return {"step": self.trainer.step}
+            return {"step": self.optimizer.step}
         self.start()
-        while self.trainer.step < self.train.max_steps:
+        while self.optimizer.step < self.train.max_steps:
             epoch, result = self.train_step()
             self.after_step(epoch, result)
         if self.files is not None:
@@ -111,21 +111,21 @@ class TrainingLoop:
         """The task and its trainer, continued from the runtime's checkpoint if it has one."""
         with self.runtime.resume_checkpoint() as resume:
             state = load_checkpoint(resume) if resume is not None else None
-        self.task, self.trainer = build_trainer(
+        self.task, self.optimizer = build_rank_optimizer(
             self.config, runtime=self.runtime, make_task=self.make_task, fresh=state is None
         )
-        self.raw_model = self.trainer.raw_model
+        self.raw_model = self.optimizer.raw_model
         self.position = DataPosition()
         if state is not None:
             self.restore(state, source=resume)
 
     def restore(self, state: dict[str, Any], *, source: Path | None) -> None:
         """Weights, EMA, optimiser, scaler, sampler and step, then the data position."""
-        self.trainer.restore(state)
+        self.optimizer.restore(state)
         self.position = DataPosition.from_state(
             state["trainer"], global_batch=self.train.batch_size
         )
-        logger.info("resumed from %s at step %d", source, self.trainer.step)
+        logger.info("resumed from %s at step %d", source, self.optimizer.step)
 
     def start(self) -> None:
         """The data from the run's position, the main rank's files, the metric windows."""
@@ -136,15 +136,15 @@ class TrainingLoop:
                 self.position.batches,
             )
         self.batches: Iterator[tuple[int, Batch]] = self.runtime.train_batches(
-            batch_size=self.trainer.local_batch_size, position=self.position
+            batch_size=self.optimizer.local_batch_size, position=self.position
         )
         if self.runtime.is_main:
             self.files = RunFiles(
-                self.config, output_dir=self.output_dir, start_step=self.trainer.step
+                self.config, output_dir=self.output_dir, start_step=self.optimizer.step
             )
         self.metrics = MetricAccumulator(num_timesteps=self.task.diffusion.num_timesteps)
         self.window = ThroughputWindow(self.train.batch_size)
-        self.run_start, self.start_step = time.perf_counter(), self.trainer.step
+        self.run_start, self.start_step = time.perf_counter(), self.optimizer.step
         self.raw_model.train()
 
     # ------------------------------------------------------------------ one step
@@ -155,19 +155,19 @@ class TrainingLoop:
         epoch, batch = next(self.batches)
         self.window.data_ready()
         self.position.advance(epoch)
-        result = self.trainer.train_step(batch)
+        result = self.optimizer.optimize(batch)
         self.window.end()
         self.metrics.add_step(result)
         if self.files is not None:
             # The objective this step optimised: importance-weighted, as the logged means.
             step_loss = (result.losses["loss"] * result.weights).mean()
-            self.files.add_step_loss(self.trainer.step, step_loss)
+            self.files.add_step_loss(self.optimizer.step, step_loss)
         return epoch, result
 
     def after_step(self, epoch: int, result: StepResult) -> None:
         """Preview, then (at a log, eval or save step) metrics, validation, progress line and
         checkpoint, in one report every rank makes."""
-        step, train = self.trainer.step, self.train
+        step, train = self.optimizer.step, self.train
         last = step == train.max_steps
         preempted = None if last else self.runtime.preemption_notice(step=step)
         if preempted is not None:
@@ -203,7 +203,7 @@ class TrainingLoop:
             "epoch": epoch,
             "lr": result.lr,
             "loss_scale": result.loss_scale,
-            "skipped_steps": self.trainer.skipped_steps,
+            "skipped_steps": self.optimizer.skipped_steps,
             **self.window.read(),
         }
 
@@ -212,7 +212,7 @@ class TrainingLoop:
         assert self.files is not None
         step = report["step"]
         loss_aware = self.train.schedule_sampler != "uniform"
-        weights = self.trainer.sampler.weights() if loss_aware else None
+        weights = self.optimizer.sampler.weights() if loss_aware else None
         self.files.write_report(report, step=step, sampler_weights=weights)
         elapsed = time.perf_counter() - self.run_start
         eta = elapsed / max(step - self.start_step, 1) * (self.train.max_steps - step)
@@ -231,7 +231,7 @@ class TrainingLoop:
         train, runtime = self.train, self.runtime
         per_rank = max(1, train.eval_num_images // runtime.world_size)
         val = runtime.val_batches(num_images=per_rank, batch_size=min(per_rank, VAL_BATCH_SIZE))
-        with torch.no_grad(), weights_swapped(self.raw_model, self.trainer.eval_weights()):
+        with torch.no_grad(), weights_swapped(self.raw_model, self.optimizer.eval_weights()):
             totals = self.task.evaluate(
                 self.raw_model, val, seed=derive_seed(train.seed, "val-noise", runtime.rank)
             )
@@ -242,13 +242,13 @@ class TrainingLoop:
         """The task's preview of the evaluation (EMA) weights, written by the main rank (no
         collective: any step may draw one)."""
         assert self.files is not None
-        with torch.no_grad(), weights_swapped(self.raw_model, self.trainer.eval_weights()):
+        with torch.no_grad(), weights_swapped(self.raw_model, self.optimizer.eval_weights()):
             images = self.task.preview(
                 self.raw_model, seed=derive_seed(self.train.seed, "sample-grid")
             )
         if images is not None:
             self.files.write_preview(
-                images, step=self.trainer.step, columns=self.task.preview_columns
+                images, step=self.optimizer.step, columns=self.task.preview_columns
             )
 
     # ------------------------------------------------------------------ checkpoint
@@ -259,15 +259,15 @@ class TrainingLoop:
         return functools.partial(self.checkpoint_files, self.rank_fingerprints())
 
     def rank_fingerprints(self) -> list[list[float]]:
-        """Every rank's :meth:`Trainer.weight_fingerprint` (a collective: all ranks call it);
+        """Every rank's :meth:`RankOptimizer.weight_fingerprint` (a collective: all ranks call it);
         ranks that differ stop the run, which then restarts from its last checkpoint."""
         runtime = self.runtime
         table = torch.zeros(runtime.world_size, 2, dtype=torch.float64)
-        table[runtime.rank] = self.trainer.weight_fingerprint()
+        table[runtime.rank] = self.optimizer.weight_fingerprint()
         table = runtime.all_reduce_sum({"weights": table})["weights"].reshape(-1, 2)
         if not torch.equal(table, table[:1].expand_as(table)):
             raise RanksOutOfSyncError(
-                f"at step {self.trainer.step} the data-parallel ranks hold different weights "
+                f"at step {self.optimizer.step} the data-parallel ranks hold different weights "
                 f"(sum, sum of squares per rank: {table.tolist()}); the run restarts from its "
                 "last checkpoint, whose weights every rank loads"
             )
@@ -275,7 +275,7 @@ class TrainingLoop:
 
     def checkpoint_files(self, fingerprints: list[list[float]]) -> dict[str, Any]:
         """What a checkpoint holds (main rank; a loss-history actor is read here)."""
-        trainer = self.trainer
+        trainer = self.optimizer
         trainer_state = trainer.state_dict()
         trainer_state.update(self.position.state(global_batch=self.train.batch_size))
         # Evidence that every rank held these weights: one fingerprint per rank, all equal.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from raydiff.train.trainer import StepResult
+    from raydiff.train.rank_optimizer import StepResult
 
 
 @dataclass

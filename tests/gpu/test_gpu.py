@@ -139,7 +139,7 @@ def ray_on_gpus() -> Iterator[None]:
 def test_one_gpu_worker_trains_through_ray_train(
     ray_on_gpus: None, dataset: Path, tmp_path: Path
 ) -> None:
-    from raydiff.orchestrate.trainer import run_training_job
+    from raydiff.orchestrate.training_job import run_training_job
 
     cfg = config(
         dataset,
@@ -162,7 +162,7 @@ def test_one_gpu_worker_trains_through_ray_train(
     reason="DDP over NCCL needs two GPUs or more",
 )
 def test_two_workers_train_over_nccl(ray_on_gpus: None, dataset: Path, tmp_path: Path) -> None:
-    from raydiff.orchestrate.trainer import run_training_job
+    from raydiff.orchestrate.training_job import run_training_job
 
     cfg = config(
         dataset,

@@ -13,7 +13,7 @@ import pytest
 
 from raydiff.data import DataConfig, build_datasets, iterate_batches, load_manifest
 from raydiff.data.cached_split import CachedSplit
-from raydiff.data.pipeline import flip_mask
+from raydiff.data.order import flip_mask
 
 
 def _config(tiny_dataset: Any, **overrides: object) -> DataConfig:
@@ -186,7 +186,7 @@ def _run_two_workers(
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from raydiff.orchestrate.trainer import dataset_config
+    from raydiff.orchestrate.training_job import dataset_config
 
     config = _config(tiny_dataset, class_cond=True, cache_max_bytes=cache_max_bytes)
     datasets = build_datasets(config)

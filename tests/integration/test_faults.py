@@ -196,7 +196,7 @@ def serve_cluster(temp_dir: str) -> None:
 
     def actor(run_dir: str) -> Any:
         from raydiff.orchestrate.loss_history_actor import ACTOR_NAMESPACE, actor_name
-        from raydiff.orchestrate.trainer import sampler_actor_key
+        from raydiff.orchestrate.training_job import sampler_actor_key
 
         connect()
         name = actor_name(sampler_actor_key(Path(run_dir)))
@@ -230,7 +230,7 @@ def serve_cluster(temp_dir: str) -> None:
                     LossHistoryActor,
                     actor_name,
                 )
-                from raydiff.orchestrate.trainer import sampler_actor_key
+                from raydiff.orchestrate.training_job import sampler_actor_key
 
                 connect()
                 run_dir = Path(request["run_dir"])
@@ -670,7 +670,7 @@ def interrupted_run(fault_cluster, tiny_dataset, tmp_path_factory) -> Interrupte
     max_steps = 16
     args = (fault_cluster, tiny_dataset.path, out, f"train.max_steps={max_steps}")
     from raydiff.orchestrate.loss_history_actor import actor_name
-    from raydiff.orchestrate.trainer import sampler_actor_key
+    from raydiff.orchestrate.training_job import sampler_actor_key
     from raydiff.train.checkpoint import latest_checkpoint
 
     with driver(*args) as first:

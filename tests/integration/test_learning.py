@@ -9,7 +9,7 @@ On an unchanged tree: 18.68 bits/dim after step 1, 5.38 after step 60, and 5.38 
 EMA weights on the val images scaled by the test. Each break below, made on purpose, fails it:
 
 - the eps-model's MSE target ``x_start`` instead of ``noise`` (core): 18.85 -> 23.27;
-- the loss's sign flipped in ``Trainer``: 19.05 -> 5678.95;
+- the loss's sign flipped in ``RankOptimizer``: 19.05 -> 5678.95;
 - the EMA never updated after a step: 18.86 -> 18.86;
 - pixels ``x / 255`` instead of ``x / 127.5 - 1``: 5.59 on the run's val images, 6.85 on the
   test's; ``x / 127.5``: 5.59 and 6.46; not scaled at all: 9.06 after step 60.

@@ -57,7 +57,7 @@ def step_losses(run: Path) -> dict[int, float]:
 def test_a_resumed_one_worker_run_continues_the_data_order_and_the_losses(
     ray_cluster, tiny_dataset, tmp_path
 ):
-    from raydiff.orchestrate.trainer import run_training_job
+    from raydiff.orchestrate.training_job import run_training_job
 
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     run_training_job(config(tiny_dataset.path, 48), output_dir=whole)  # checkpoints 40 and 48

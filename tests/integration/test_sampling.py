@@ -139,7 +139,7 @@ def test_a_trained_classifier_guides_the_same_on_one_and_two_workers(
 
     from raydiff.config import ExperimentConfig, apply_overrides
     from raydiff.orchestrate.sampling import run_sampling
-    from raydiff.orchestrate.trainer import run_training_job
+    from raydiff.orchestrate.training_job import run_training_job
     from raydiff.sample.options import SampleOptions
 
     config = apply_overrides(

@@ -51,7 +51,7 @@ def tiny_config(data_dir: Path, **overrides: object) -> dict:
 
 
 def run(config: dict, output: Path, resume: Path | None = None) -> dict:
-    from raydiff.orchestrate.trainer import run_training_job
+    from raydiff.orchestrate.training_job import run_training_job
 
     return run_training_job(from_dict(ExperimentConfig, config), output_dir=output, resume=resume)
 
@@ -77,7 +77,7 @@ def two_worker_run_in(out: Path, data_dir: Path) -> TwoWorkerRun:
     import ray
 
     from raydiff.orchestrate.loss_history_actor import get_or_create_actor
-    from raydiff.orchestrate.trainer import sampler_actor_key
+    from raydiff.orchestrate.training_job import sampler_actor_key
 
     # The loss-history actor is detached: one left by a killed driver (or by a worker group that
     # failed before its first checkpoint) must not lend its losses to a run that starts afresh

@@ -138,7 +138,7 @@ def test_train_classifier_refuses_a_config_of_another_task(tmp_path, capsys) -> 
 
 
 def test_the_start_up_line_names_the_classifiers_objective(caplog, tmp_path):
-    from raydiff.train.build import build_trainer
+    from raydiff.train.build import build_rank_optimizer
     from raydiff.train.local import LocalRuntime
     from raydiff.train.tasks import task_of_config
 
@@ -152,6 +152,6 @@ def test_the_start_up_line_names_the_classifiers_objective(caplog, tmp_path):
         labels=torch.zeros(4, dtype=torch.int64),
     )
     with caplog.at_level("INFO", logger="raydiff.train.build"):
-        build_trainer(config, runtime=runtime, make_task=task_of_config)
+        build_rank_optimizer(config, runtime=runtime, make_task=task_of_config)
     [line] = [r.getMessage() for r in caplog.records if "parameters" in r.getMessage()]
     assert line.startswith("classifier: ") and "cross-entropy of x_t" in line

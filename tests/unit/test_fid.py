@@ -14,10 +14,10 @@ import torch
 from PIL import Image
 
 from raydiff.data import PrepareOptions, prepare_dataset
+from raydiff.data.image_sources import load_images
 from raydiff.data.in_memory import load_split_tensors
 from raydiff.errors import UserInputError
 from raydiff.evaluate.fid import KID_SEED, compute_fid, frechet_distance, kernel_inception_distance
-from raydiff.evaluate.image_sources import load_images
 from raydiff.evaluate.inception import (
     INCEPTION_ENV,
     INCEPTION_WEIGHTS_FILE,

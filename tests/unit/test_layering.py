@@ -65,7 +65,7 @@ def test_the_drivers_ray_modules_import_no_torch() -> None:
     once the checks have passed."""
     [loaded] = loaded_after(
         (
-            "import raydiff.orchestrate.trainer, raydiff.orchestrate.worker, "
+            "import raydiff.orchestrate.training_job, raydiff.orchestrate.worker, "
             "raydiff.orchestrate.sweep, raydiff.orchestrate.ray_session, "
             "raydiff.train.checkpoint",
             ("torch",),

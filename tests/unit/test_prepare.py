@@ -24,8 +24,9 @@ from raydiff.data import (
     prepare_dataset,
     verify_shards,
 )
+from raydiff.data.collate import normalise
 from raydiff.data.order import flip_mask
-from raydiff.data.pipeline import decode_batch, normalise
+from raydiff.data.pipeline import decode_batch
 from raydiff.data.prepare import BadInputError
 from raydiff.data.resize import resize_center_crop, to_channels
 from raydiff.data.sources import FASHION_MNIST_DIR, read_idx

@@ -14,7 +14,7 @@ from raydiff.config import ExperimentConfig, apply_overrides, load_config, to_di
 from raydiff.data import PrepareOptions, prepare_dataset
 from raydiff.data.manifest import load_manifest
 from raydiff.errors import ConfigError
-from raydiff.orchestrate.trainer import run_training_job
+from raydiff.orchestrate.training_job import run_training_job
 from raydiff.train import preflight
 
 
@@ -132,7 +132,7 @@ def test_refusals_and_finished_runs_return_without_ray(dataset, tmp_path):
     finished_checkpoint(finished / "checkpoint_000008", step=8)
     done = to_dict(config(dataset, "train.max_steps=8"))
     code = (
-        "import sys, json; from raydiff.orchestrate.trainer import run_training_job\n"
+        "import sys, json; from raydiff.orchestrate.training_job import run_training_job\n"
         "from raydiff.config import ExperimentConfig, from_dict\n"
         "def no_ray():\n"
         "    return not any(m == 'ray' or m.startswith('ray.') for m in sys.modules)\n"

@@ -217,7 +217,7 @@ def test_every_checkpoint_records_that_all_ranks_hold_the_same_weights(tmp_path:
 
 
 def test_ranks_with_different_weights_stop_the_run_before_it_checkpoints(tmp_path: Path) -> None:
-    from raydiff.train.trainer import RanksOutOfSyncError
+    from raydiff.train.rank_optimizer import RanksOutOfSyncError
 
     with pytest.raises(RanksOutOfSyncError, match="at step 3 the data-parallel ranks hold"):
         two_rank_run(tmp_path, drift=1e-9)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from raydiff.data import PrepareOptions, prepare_dataset
+from raydiff.data.collate import normalise
 from raydiff.data.in_memory import load_split_tensors, read_split_pixels
 from raydiff.data.manifest import load_manifest
-from raydiff.data.pipeline import normalise
 from raydiff.train.tasks.super_res import low_res_of
 
 pytestmark = pytest.mark.unit

@@ -262,7 +262,7 @@ def test_evaluate_bpd_takes_an_upsampler_and_gives_its_bound_given_low_res(tiny_
 
 
 def test_the_start_up_line_names_the_upsamplers_objective_and_input(caplog, tmp_path):
-    from raydiff.train.build import build_trainer
+    from raydiff.train.build import build_rank_optimizer
     from raydiff.train.local import LocalRuntime
     from raydiff.train.tasks import task_of_config
 
@@ -271,7 +271,7 @@ def test_the_start_up_line_names_the_upsamplers_objective_and_input(caplog, tmp_
         config, output_dir=tmp_path, resume=None, images=torch.zeros(4, 1, 16, 16), labels=None
     )
     with caplog.at_level("INFO", logger="raydiff.train.build"):
-        build_trainer(config, runtime=runtime, make_task=task_of_config)
+        build_rank_optimizer(config, runtime=runtime, make_task=task_of_config)
     [line] = [r.getMessage() for r in caplog.records if "parameters" in r.getMessage()]
     assert line.startswith("super_res: ")
     assert "given 4x4 inputs upsampled to 16x16" in line and "cross-entropy" not in line

@@ -1,6 +1,7 @@
-"""The per-worker training step: microbatching, mixed precision, importance weights, EMA.
+"""The per-rank optimiser step, which the one training loop drives on every rank: microbatching,
+mixed precision, importance weights, EMA.
 
-No Ray here. ``raydiff.train.build.build_trainer`` hands a ``Trainer`` its (optionally
+No Ray here. ``raydiff.train.build.build_rank_optimizer`` hands a ``RankOptimizer`` its (optionally
 DDP-wrapped) model, the task's loss on a batch and the timestep sampler; the one loop
 (``raydiff.train.loop``) drives it.
 """
@@ -46,7 +47,7 @@ class StepResult:
     loss_scale: float
 
 
-class Trainer:
+class RankOptimizer:
     """Owns the optimiser, precision policy, EMA and sampler of one worker.
 
     :param model: the module to call for the loss: the DDP wrapper on several workers.
@@ -120,7 +121,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def train_step(self, batch: Batch) -> StepResult:
+    def optimize(self, batch: Batch) -> StepResult:
         """One optimiser step over this worker's batch (``x`` ``[B, C, H, W]`` and the rest)."""
         if batch["x"].shape[0] != self.local_batch_size:
             raise ValueError(

@@ -1,4 +1,5 @@
-"""Images to measure: raydiff's adapter from samples and datasets to uint8 image arrays.
+"""Image sources as uint8 arrays: samples, image folders and prepared datasets (what the
+evaluations measure and an upsampler takes as its low-resolution input).
 
 Sources are improved-diffusion's sample ``.npz`` (``arr_0`` uint8 ``[N, H, W, C]``), a folder of
 PNG/JPEG files, or a raydiff prepared dataset (a folder or URI with ``manifest.json``). Every

@@ -19,8 +19,8 @@ from raydiff.train.checkpoint import (
     save_checkpoint,
 )
 from raydiff.train.data_position import DataPosition
+from raydiff.train.rank_optimizer import RankOptimizer, TrainingCollapsedError
 from raydiff.train.tasks.diffusion import DiffusionTask
-from raydiff.train.trainer import Trainer, TrainingCollapsedError
 from raydiff.train.validation import stratified_timesteps
 
 
@@ -57,7 +57,7 @@ def make_trainer(
         diffusion=diffusion,
         eval_timesteps=stratified_timesteps(50, 4, seed=0),
     )
-    return Trainer(
+    return RankOptimizer(
         model=model,
         losses=task.losses,
         sampler=s,
@@ -78,7 +78,7 @@ def test_steps_train_in_every_precision(precision):
     tr = make_trainer(precision)
     before = tr.model.conv.weight.detach().clone()
     for _ in range(3):
-        result = tr.train_step(batch())
+        result = tr.optimize(batch())
     assert result.stepped and tr.step == 3 and tr.skipped_steps == 0
     assert not torch.equal(before, tr.model.conv.weight)
     assert tr.model.conv.weight.dtype == torch.float32
@@ -102,25 +102,25 @@ def test_slow_cpu_precisions_warn(caplog, monkeypatch):
 
 def test_injected_inf_skips_exactly_that_step_fp16():
     tr = make_trainer("fp16")
-    tr.train_step(batch())
+    tr.optimize(batch())
     scale = tr.precision.loss_scale
     weights = tr.model.conv.weight.detach().clone()
     ema = [p.clone() for p in tr.ema.params[0.9]]
     tr.model.inject_inf = True
-    result = tr.train_step(batch())
+    result = tr.optimize(batch())
     assert not result.stepped and tr.skipped_steps == 1 and tr.step == 2
     assert torch.equal(weights, tr.model.conv.weight)  # no update
     assert all(torch.equal(a, b) for a, b in zip(ema, tr.ema.params[0.9], strict=True))
     assert tr.precision.loss_scale == scale / 2  # the scaler backs off
     tr.model.inject_inf = False
-    assert tr.train_step(batch()).stepped and tr.skipped_steps == 1
+    assert tr.optimize(batch()).stepped and tr.skipped_steps == 1
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_non_finite_steps_are_skipped_without_a_scaler(precision):
     tr = make_trainer(precision)
     tr.model.inject_inf = True
-    assert not tr.train_step(batch()).stepped
+    assert not tr.optimize(batch()).stepped
     assert tr.skipped_steps == 1
 
 
@@ -129,7 +129,7 @@ def test_collapse_of_the_loss_scale_stops_with_a_clear_error():
     tr.model.inject_inf = True
     with pytest.raises(TrainingCollapsedError, match="loss scale collapsed"):
         for _ in range(10):  # 2^16 halves below 2^12 after 5 skipped steps
-            tr.train_step(batch())
+            tr.optimize(batch())
     assert tr.skipped_steps == 5
 
 
@@ -138,7 +138,7 @@ def test_many_skipped_steps_in_a_row_stop_the_run():
     tr.model.inject_inf = True
     with pytest.raises(TrainingCollapsedError, match="3 consecutive steps"):
         for _ in range(5):
-            tr.train_step(batch())
+            tr.optimize(batch())
 
 
 def test_microbatching_gives_the_same_gradient():
@@ -148,7 +148,7 @@ def test_microbatching_gives_the_same_gradient():
         tr = make_trainer("fp32", microbatch=micro)
         # identical timesteps/noise: reseed before the step, sampler seeded identically
         torch.manual_seed(5)
-        tr.train_step(batch())
+        tr.optimize(batch())
         grads.append(tr.model.conv.weight.grad.clone())
     # Noise is drawn per microbatch in the same order, so the gradients agree closely.
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
@@ -157,7 +157,7 @@ def test_microbatching_gives_the_same_gradient():
 def test_ema_rates_follow_their_formula():
     tr = make_trainer()
     start = tr.model.conv.weight.detach().clone()
-    tr.train_step(batch())
+    tr.optimize(batch())
     new = tr.model.conv.weight.detach()
     for rate in (0.9, 0.5):
         ema_w = tr.ema.state_dict_for(rate, tr.model)["conv.weight"]
@@ -173,7 +173,7 @@ def test_lr_warmup_and_anneal():
 def test_checkpoint_round_trip_continues_identically(tmp_path):
     a = make_trainer("fp16", sampler="loss-second-moment")
     for _ in range(4):
-        a.train_step(batch())
+        a.optimize(batch())
     ckpt = save_checkpoint(
         tmp_path,
         a.step,
@@ -194,9 +194,9 @@ def test_checkpoint_round_trip_continues_identically(tmp_path):
     assert b.precision.scaler.state_dict() == a.precision.scaler.state_dict()
     assert torch.equal(b.sampler._loss_history, a.sampler._loss_history)
     torch.manual_seed(9)
-    ra = a.train_step(batch())
+    ra = a.optimize(batch())
     torch.manual_seed(9)
-    rb = b.train_step(batch())
+    rb = b.optimize(batch())
     assert torch.equal(ra.timesteps, rb.timesteps)
     torch.testing.assert_close(a.model.conv.weight, b.model.conv.weight)
 
@@ -279,7 +279,7 @@ def test_saving_the_same_step_again_replaces_it_and_clears_stale_temporaries(tmp
 def test_restore_continues_every_ema_and_starts_a_new_rate_from_the_restored_weights(tmp_path):
     before = make_trainer(ema_rate="0.9")
     for _ in range(3):
-        before.train_step(batch())
+        before.optimize(batch())
     ckpt = save_checkpoint(
         tmp_path,
         3,
@@ -298,7 +298,7 @@ def test_restore_continues_every_ema_and_starts_a_new_rate_from_the_restored_wei
 
 def test_wrong_batch_size_is_reported():
     with pytest.raises(ValueError, match="local batch of 8"):
-        make_trainer().train_step(batch(4))
+        make_trainer().optimize(batch(4))
     with pytest.raises(ValueError, match="divisible by the number of workers"):
         TrainConfig(batch_size=10).per_worker_batch(3)
     with pytest.raises(ValueError, match="microbatch=4"):
@@ -335,7 +335,7 @@ def test_init_from_published_style_weights(tmp_path):
 
 def test_metric_means_per_quartile_and_reduction():
     from raydiff.train.metric_accumulator import MetricAccumulator
-    from raydiff.train.trainer import StepResult
+    from raydiff.train.rank_optimizer import StepResult
 
     acc = MetricAccumulator(num_timesteps=100)
     losses = torch.tensor([1.0, 2.0, 3.0, 5.0])
@@ -365,7 +365,7 @@ def test_logged_terms_are_importance_weighted_as_in_improved_diffusion():
     """log_loss_dict gets ``{k: v * weights}``: the means estimate the objective the step
     optimises, not the raw terms at the timesteps a loss-aware sampler favours."""
     from raydiff.train.metric_accumulator import MetricAccumulator
-    from raydiff.train.trainer import StepResult
+    from raydiff.train.rank_optimizer import StepResult
 
     acc = MetricAccumulator(num_timesteps=100)
     acc.add_step(
@@ -394,7 +394,7 @@ def test_train_step_weights_each_sample_by_its_importance():
     p = torch.from_numpy(sampler.weights())
     p = p / p.sum()
     assert p.max() > 10 * p.min()
-    result = trainer.train_step(batch())
+    result = trainer.optimize(batch())
     expected = 1.0 / (sampler.num_timesteps * p[result.timesteps])
     torch.testing.assert_close(result.weights, expected.float())
 
@@ -404,16 +404,16 @@ def test_a_step_draws_from_streams_keyed_by_seed_and_step():
     a resumed run continue exactly); another step draws others."""
     first = make_trainer(batch=16)
     other = make_trainer(batch=16)
-    other.train_step(batch(16))  # one step ahead, then back to step 0's weights and counter
+    other.optimize(batch(16))  # one step ahead, then back to step 0's weights and counter
     other.raw_model.load_state_dict(first.raw_model.state_dict())
     other.step = 0
-    a, b = first.train_step(batch(16)), other.train_step(batch(16))
+    a, b = first.optimize(batch(16)), other.optimize(batch(16))
     assert torch.equal(a.timesteps, b.timesteps) and torch.equal(a.losses["loss"], b.losses["loss"])
-    c = first.train_step(batch(16))  # step 1
+    c = first.optimize(batch(16))  # step 1
     assert not torch.equal(a.timesteps, c.timesteps)
 
 
-def recording_augment_seeds(trainer: Trainer) -> list[torch.Tensor]:
+def recording_augment_seeds(trainer: RankOptimizer) -> list[torch.Tensor]:
     """The ``augment_seed`` of each microbatch the trainer's task is given, in order."""
     seen: list[torch.Tensor] = []
     losses = trainer.losses
@@ -433,16 +433,14 @@ def test_each_rank_takes_its_rows_of_the_global_batch_draws():
     whole = make_trainer(batch=16)
     whole_seeds = recording_augment_seeds(whole)
     data = batch(16)
-    expected = whole.train_step(data)
+    expected = whole.optimize(data)
     halves, half_seeds = [], []
     for rank in (0, 1):
         trainer = make_trainer(batch=16)
         trainer.local_batch_size, trainer.microbatch = 8, 4  # microbatches slice the rank's rows
         trainer.rank, trainer.world_size = rank, 2
         half_seeds.append(recording_augment_seeds(trainer))
-        halves.append(
-            trainer.train_step({k: v[rank * 8 : (rank + 1) * 8] for k, v in data.items()})
-        )
+        halves.append(trainer.optimize({k: v[rank * 8 : (rank + 1) * 8] for k, v in data.items()}))
     assert torch.equal(torch.cat([h.timesteps for h in halves]), expected.timesteps)
     torch.testing.assert_close(
         torch.cat([h.losses["loss"] for h in halves]), expected.losses["loss"]
