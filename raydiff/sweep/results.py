@@ -8,11 +8,10 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from raydiff.config import ExperimentConfig, from_dict, to_yaml
-from raydiff.storage import RemotePath, as_location, write_text_atomically
+from raydiff.storage import StoragePath, as_location, write_text_atomically
 from raydiff.sweep.spec import Mode
 
 METRIC_COLUMNS = ("val_bpd", "val_mse", "loss")
@@ -118,9 +117,7 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def write_csv(
-    rows: Sequence[TrialRow], path: Path | RemotePath, *, metric: str
-) -> Path | RemotePath:
+def write_csv(rows: Sequence[TrialRow], path: StoragePath, *, metric: str) -> StoragePath:
     """``results.csv``: one line per trial, every swept value and final metric as a column."""
     keys, metrics = _columns(rows, metric)
     extra = sorted({m for r in rows for m in r.metrics} - set(metrics))
@@ -145,7 +142,7 @@ def write_csv(
     return path
 
 
-def read_run_config(run_dir: Path | RemotePath) -> ExperimentConfig | None:
+def read_run_config(run_dir: StoragePath) -> ExperimentConfig | None:
     """The resolved config a training run saved (``config.json``), or None if it has none yet."""
     file = run_dir / "config.json"
     if not file.is_file():
@@ -154,7 +151,7 @@ def read_run_config(run_dir: Path | RemotePath) -> ExperimentConfig | None:
     return from_dict(ExperimentConfig, data)
 
 
-def write_best_config(row: TrialRow, path: Path | RemotePath) -> Path | RemotePath | None:
+def write_best_config(row: TrialRow, path: StoragePath) -> StoragePath | None:
     """``best_config.yaml``: the best trial's full training config, as ``raydiff train
     --config`` takes it (None when its run left no config)."""
     config = read_run_config(as_location(row.run_dir))
