@@ -1,12 +1,16 @@
 """Run folders on a local disk or on any filesystem pyarrow reaches by URI (s3://, gs://, ...).
 
-A local path stays a :class:`pathlib.Path` everywhere, so local run folders are handled exactly
-as they always were. A URI becomes a :class:`RemotePath`: the few ``Path`` methods raydiff's
-run-folder and checkpoint code calls (``/``, ``name``, ``parent``, ``exists``, ``is_file``,
-``is_dir``, ``iterdir``, ``stat().st_size``, ``read_text``, ``write_text``, ...) on a
-``pyarrow.fs`` filesystem. Code that takes either calls :func:`as_location` on its argument.
-What has to be read with local file APIs (``torch.load``, TensorBoard's writer) goes through a
-local copy: :func:`local_copy` downloads, :class:`MirroredFolder` writes locally and uploads.
+One type, :data:`StoragePath`, stands for both, and only this module asks which one a path is.
+A local path stays a :class:`pathlib.Path`, so local run folders are handled exactly as they
+always were. A URI becomes a :class:`RemotePath`: the few ``Path`` methods raydiff's run-folder
+and checkpoint code calls (``/``, ``name``, ``parent``, ``exists``, ``is_file``, ``is_dir``,
+``iterdir``, ``stat().st_size``, ``read_text``, ``write_text``, ``mkdir``, ...) on a
+``pyarrow.fs`` filesystem. Code that takes either calls :func:`as_location` (or
+:func:`resolve_location`) on its argument and then uses those methods; what differs between the
+two is a function here (:func:`write_text_atomically`, :func:`append_line`, :func:`ray_storage`,
+:func:`names_a_bucket`). What has to be read with local file APIs (``torch.load``, TensorBoard's
+writer) goes through a local copy: :func:`local_copy` downloads, :class:`MirroredFolder` writes
+locally and uploads; :func:`is_local` is for the few places that need an OS path or lock.
 
 S3 follows the standard AWS environment variables: ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY`` (``AWS_SESSION_TOKEN``), ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` and
@@ -32,7 +36,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from raydiff.errors import UserInputError
 
@@ -44,7 +48,7 @@ def is_remote(uri: str) -> bool:
     return "://" in uri and not uri.startswith("file://")
 
 
-def as_location(target: str | os.PathLike[str] | RemotePath) -> Path | RemotePath:
+def as_location(target: str | os.PathLike[str] | RemotePath) -> StoragePath:
     """``target`` as a :class:`RemotePath` (a URI, or one already) or a ``Path`` (as given)."""
     if isinstance(target, RemotePath):
         return target
@@ -54,7 +58,7 @@ def as_location(target: str | os.PathLike[str] | RemotePath) -> Path | RemotePat
     return Path(text.removeprefix("file://"))
 
 
-def resolve_location(target: str | os.PathLike[str] | RemotePath) -> Path | RemotePath:
+def resolve_location(target: str | os.PathLike[str] | RemotePath) -> StoragePath:
     """:func:`as_location`, a local path made absolute (Ray workers run in other folders)."""
     location = as_location(target)
     return location if isinstance(location, RemotePath) else location.expanduser().resolve()
@@ -208,7 +212,42 @@ class RemotePath:
         self.filesystem.delete_file(self.path)
 
 
-def write_text_atomically(target: Path | RemotePath, text: str) -> None:
+#: A file or folder raydiff reads or writes: a local ``Path``, or a URI's :class:`RemotePath`.
+StoragePath = Path | RemotePath
+
+
+def is_local(location: StoragePath) -> TypeGuard[Path]:
+    """True for a path on this machine's disks (one that OS file APIs, locks and other programs
+    can open), False for a URI's."""
+    return not isinstance(location, RemotePath)
+
+
+def names_a_bucket(location: StoragePath) -> bool:
+    """True for a URI of a whole bucket (``s3://bucket``), with no folder in it."""
+    return isinstance(location, RemotePath) and "/" not in location.path
+
+
+def ray_storage(location: StoragePath) -> tuple[str, Any]:
+    """``(storage_path, storage_filesystem)`` as Ray Train and Tune take them: a URI's path on
+    its pyarrow filesystem (S3 configured from this process's environment, credentials included),
+    or a local folder's path and None (Ray's default filesystem)."""
+    if isinstance(location, RemotePath):
+        return location.path, location.filesystem
+    return str(location), None
+
+
+def append_line(path: StoragePath, line: str) -> None:
+    """Append ``line`` to the file ``path``. An object store has no append: the object is
+    written again whole (so there must be one writer at a time)."""
+    if isinstance(path, RemotePath):
+        before = path.read_text() if path.is_file() else ""
+        path.write_text(before + line + "\n")
+        return
+    with open(path, "a") as file:
+        file.write(line + "\n")
+
+
+def write_text_atomically(target: StoragePath, text: str) -> None:
     """Replace the file ``target`` as a whole: a local one through a temporary file renamed into
     place, a remote one as one object (:meth:`RemotePath.write_bytes`). Readers never see half."""
     if isinstance(target, RemotePath):
@@ -257,7 +296,7 @@ def download(source: RemotePath, target: Path) -> Path:
 
 
 @contextlib.contextmanager
-def local_copy(location: Path | RemotePath | None) -> Iterator[Path | None]:
+def local_copy(location: StoragePath | None) -> Iterator[Path | None]:
     """A local path to read ``location`` from inside the block: a local one (or None) as it is,
     a remote file or folder downloaded into a temporary folder (under its own name) that is
     removed after the block."""
@@ -280,7 +319,7 @@ class MirroredFolder:
     replaced whole, so a reader never sees half a file.
     """
 
-    def __init__(self, target: Path | RemotePath) -> None:
+    def __init__(self, target: StoragePath) -> None:
         self.target = target
         self.is_remote = isinstance(target, RemotePath)
         self._staging = (
@@ -291,7 +330,7 @@ class MirroredFolder:
 
     def publish(
         self, relative: str | os.PathLike[str], *, min_interval_s: float = 0.0
-    ) -> Path | RemotePath:
+    ) -> StoragePath:
         """Copy ``local/relative`` (or an absolute path under ``local``) to the run folder;
         returns where it is there. ``min_interval_s``: skip the copy when this path was
         published less than that long ago."""

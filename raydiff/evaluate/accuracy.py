@@ -23,7 +23,7 @@ from raydiff.evaluate.samples_fid import (
     sampler_suffix,
     samples_location,
 )
-from raydiff.storage import RemotePath, local_copy, resolve_location
+from raydiff.storage import is_local, local_copy, resolve_location
 
 
 @dataclass(kw_only=True)
@@ -46,7 +46,7 @@ def run_accuracy(
     or a prepared dataset's ``split``), written to ``accuracy_SPLIT.json`` beside the samples (a
     dataset's: in the classifier's run, ``RUN/evaluation/checkpoint_N/``) or to ``out``."""
     location = resolve_location(samples)
-    is_dataset = isinstance(location, RemotePath) or (location / MANIFEST_NAME).is_file()
+    is_dataset = not is_local(location) or (location / MANIFEST_NAME).is_file()
     if is_dataset:
         source, folder, record = location, None, {}
     else:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,7 @@ from raydiff.errors import UserInputError
 from raydiff.evaluate.options import BpdOptions
 from raydiff.evaluate.report import RunCheckpoint, add_to_tensorboard, run_checkpoint, write_json
 from raydiff.sample.load import SamplingModel, load_sampling_model
-from raydiff.storage import MirroredFolder, RemotePath, resolve_location
+from raydiff.storage import MirroredFolder, StoragePath, resolve_location
 
 
 @dataclass(kw_only=True)
@@ -26,10 +25,10 @@ class BpdResult:
     """The bound's summary (``bpd``, ``bpd_stderr``, its parts) and where it was written."""
 
     summary: dict[str, Any]
-    json_path: Path | RemotePath
-    terms_path: Path | RemotePath
+    json_path: StoragePath
+    terms_path: StoragePath
     seconds: float
-    tensorboard_run: Path | RemotePath | None
+    tensorboard_run: StoragePath | None
     """The run whose TensorBoard got the result (None: the checkpoint belongs to no run)."""
 
 
@@ -42,9 +41,9 @@ class BpdJob:
     num_timesteps: int
     walk: list[int]
     """The timesteps of the terms, in the order of the terms' columns."""
-    source: Path | RemotePath
+    source: StoragePath
     run: RunCheckpoint | None
-    out: Path | RemotePath
+    out: StoragePath
     data_dir: str
     images: np.ndarray
     """float32 ``[N, C, H, W]`` in [-1, 1]."""

@@ -23,7 +23,7 @@ import numpy as np
 from raydiff.config import EvaluationConfig, ExperimentConfig
 from raydiff.evaluate.report import RESULTS_DIR, add_to_tensorboard, write_json
 from raydiff.seeding import derive_seed
-from raydiff.storage import MirroredFolder, RemotePath, as_location
+from raydiff.storage import MirroredFolder, StoragePath, append_line, as_location
 
 if TYPE_CHECKING:
     import torch
@@ -43,9 +43,9 @@ SCALARS = ("bpd_val", "fid", "kid_mean", "precision", "recall", "seconds")
 
 
 def evaluate_checkpoint(
-    checkpoint: str | Path | RemotePath,
+    checkpoint: str | StoragePath,
     *,
-    run_dir: str | Path | RemotePath,
+    run_dir: str | StoragePath,
     step: int,
     options: EvaluationConfig,
 ) -> dict[str, Any]:
@@ -67,7 +67,8 @@ def evaluate_checkpoint(
             results.publish(name)
     finally:
         results.close()
-    _append_line(run_dir / RESULTS_DIR / METRICS_FILE, json.dumps(result))
+    # The run's one evaluator, one checkpoint at a time, is this file's only writer.
+    append_line(run_dir / RESULTS_DIR / METRICS_FILE, json.dumps(result))
     scalars = {k: v for k, v in result.items() if k in SCALARS and v is not None}
     add_to_tensorboard(run_dir, step=step, scalars=scalars, images={"samples": tile(samples)})
     logger.info(
@@ -80,7 +81,7 @@ def evaluate_checkpoint(
 
 
 def _evaluate(
-    checkpoint: Path | RemotePath, *, out: Path, step: int, options: EvaluationConfig
+    checkpoint: StoragePath, *, out: Path, step: int, options: EvaluationConfig
 ) -> tuple[dict[str, Any], np.ndarray, Path]:
     """The evaluation itself, its samples' npz and grid written into the local folder ``out``:
     (the result so far, the samples, the npz)."""
@@ -186,14 +187,3 @@ def _val_bound(
         "bpd_val_stderr": summary["bpd_stderr"],
         "bpd_val_images": summary["num_images"],
     }
-
-
-def _append_line(path: Path | RemotePath, line: str) -> None:
-    """Append ``line`` to the file ``path``. An object store has no append: the object is
-    written again whole (the run's one evaluator, one checkpoint at a time, is its only writer)."""
-    if isinstance(path, RemotePath):
-        before = path.read_text() if path.is_file() else ""
-        path.write_text(before + line + "\n")
-        return
-    with open(path, "a") as file:
-        file.write(line + "\n")

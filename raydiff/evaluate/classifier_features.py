@@ -12,13 +12,12 @@ its penultimate features (``EncoderUNetModel.features``, at t = 0) replace Incep
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from raydiff.errors import UserInputError
-from raydiff.storage import RemotePath
+from raydiff.storage import StoragePath
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ class ClassifierFeatures(torch.nn.Module):
 
 
 def load_classifier_features(
-    checkpoint: str | Path | RemotePath, *, flag: str = "--features"
+    checkpoint: str | StoragePath, *, flag: str = "--features"
 ) -> ClassifierFeatures:
     """The clean classifier of a ``raydiff train-classifier`` checkpoint as an extractor. A noisy
     classifier is refused: it is the kind of network that guides samples, and an evaluator must

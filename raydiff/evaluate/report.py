@@ -15,12 +15,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from raydiff.storage import MirroredFolder, RemotePath, resolve_location, write_text_atomically
+from raydiff.storage import MirroredFolder, StoragePath, resolve_location, write_text_atomically
 from raydiff.train.checkpoint import CHECKPOINT_PATTERN
 
 RESULTS_DIR = "evaluation"
@@ -31,16 +30,16 @@ TENSORBOARD_SUFFIX = ".evaluation"
 class RunCheckpoint:
     """A checkpoint inside a run folder, and the step it holds."""
 
-    run_dir: Path | RemotePath
-    checkpoint: Path | RemotePath
+    run_dir: StoragePath
+    checkpoint: StoragePath
     step: int
 
     @property
-    def results_dir(self) -> Path | RemotePath:
+    def results_dir(self) -> StoragePath:
         return self.run_dir / RESULTS_DIR / self.checkpoint.name
 
 
-def run_checkpoint(path: str | Path | RemotePath) -> RunCheckpoint | None:
+def run_checkpoint(path: str | StoragePath) -> RunCheckpoint | None:
     """The run ``path`` (a local path or a URI) belongs to, if it is a ``checkpoint_NNNNNN``
     folder of a run."""
     checkpoint = resolve_location(path)
@@ -52,16 +51,15 @@ def run_checkpoint(path: str | Path | RemotePath) -> RunCheckpoint | None:
     return RunCheckpoint(run_dir=checkpoint.parent, checkpoint=checkpoint, step=int(match[1]))
 
 
-def write_json(path: Path | RemotePath, result: dict[str, Any]) -> Path | RemotePath:
+def write_json(path: StoragePath, result: dict[str, Any]) -> StoragePath:
     """``result`` as indented JSON, atomically (NaN written as null)."""
-    if not isinstance(path, RemotePath):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)  # nothing to do on an object store
     write_text_atomically(path, json.dumps(_finite(result), indent=2) + "\n")
     return path
 
 
 def add_to_tensorboard(
-    run_dir: Path | RemotePath,
+    run_dir: StoragePath,
     *,
     step: int,
     scalars: dict[str, float],

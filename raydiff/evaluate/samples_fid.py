@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from raydiff.errors import UserInputError
 from raydiff.evaluate.fid import compute_fid
 from raydiff.evaluate.report import RunCheckpoint, add_to_tensorboard, run_checkpoint, write_json
 from raydiff.sample.outputs import SAMPLING_RECORD, is_npz_name
-from raydiff.storage import RemotePath, local_copy, resolve_location
+from raydiff.storage import StoragePath, local_copy, resolve_location
 
 TENSORBOARD_SCALARS = {
     "fid": "fid",
@@ -46,8 +45,8 @@ class FidResult:
     written."""
 
     summary: dict[str, Any]
-    json_path: Path | RemotePath
-    tensorboard_run: Path | RemotePath | None
+    json_path: StoragePath
+    tensorboard_run: StoragePath | None
 
 
 def run_fid(
@@ -132,7 +131,7 @@ def sampler_suffix(record: Mapping[str, Any]) -> str:
     return "".join(f"_{part}" for part in parts)
 
 
-def read_sampling_record(folder: Path | RemotePath) -> dict[str, Any]:
+def read_sampling_record(folder: StoragePath) -> dict[str, Any]:
     """The ``raydiff sample`` options beside the samples ({} for samples from elsewhere)."""
     record_file = folder / SAMPLING_RECORD
     return json.loads(record_file.read_text()) if record_file.is_file() else {}
@@ -149,7 +148,7 @@ def check_not_the_guide(evaluator: str, record: dict[str, Any], *, flag: str) ->
         )
 
 
-def samples_location(samples: str) -> tuple[Path | RemotePath, Path | RemotePath]:
+def samples_location(samples: str) -> tuple[StoragePath, StoragePath]:
     """(the samples file or folder to read, the folder they sit in). A ``raydiff sample --out``
     folder stands for its npz (its PNGs hold the same pixels)."""
     location = resolve_location(samples)

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 import ray
 from ray.train.v2.api.callback import UserCallback
 
 from raydiff.config import ExperimentConfig
-from raydiff.storage import RemotePath
+from raydiff.storage import StoragePath
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ report never reached the controller) before it gives up."""
 class CheckpointEvaluator:
     """Evaluates checkpoints one at a time; ``status`` calls answer while one runs."""
 
-    def __init__(self, config: ExperimentConfig, run_dir: Path | RemotePath, threads: int) -> None:
+    def __init__(self, config: ExperimentConfig, run_dir: StoragePath, threads: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
@@ -94,7 +94,7 @@ class CheckpointEvaluationCallback(UserCallback):
         self.evaluator.evaluate.remote(PurePosixPath(checkpoint.path).name, step)
 
 
-def start_evaluator(config: ExperimentConfig, *, run_dir: Path | RemotePath) -> Any:
+def start_evaluator(config: ExperimentConfig, *, run_dir: StoragePath) -> Any:
     """The run's evaluator actor, on ``evaluation.cpus`` CPUs (a GPU on a GPU run). A run folder
     under a URI travels with its filesystem (the driver's credentials included)."""
     options = config.evaluation

@@ -42,7 +42,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,7 +50,7 @@ import torch
 
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import LossSecondMomentResampler, ScheduleSampler
-from raydiff.storage import RemotePath, as_location, local_copy
+from raydiff.storage import StoragePath, as_location, local_copy, resolve_location
 from raydiff.train.checkpoint import latest_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -74,8 +73,8 @@ class LossHistoryActor:
     def __init__(
         self,
         num_timesteps: int,
-        run_dir: str | RemotePath | None = None,
-        resume_checkpoint: str | RemotePath | None = None,
+        run_dir: StoragePath | None = None,
+        resume_checkpoint: StoragePath | None = None,
     ) -> None:
         # Also what Ray re-runs, with these same arguments, when it restarts the actor.
         self._restored_from, history = checkpointed_history(run_dir, resume_checkpoint)
@@ -117,9 +116,9 @@ class LossHistoryActor:
 
 
 def checkpointed_history(
-    run_dir: str | os.PathLike[str] | RemotePath | None,
-    resume_checkpoint: str | os.PathLike[str] | RemotePath | None = None,
-) -> tuple[Path | RemotePath | None, dict[str, torch.Tensor] | None]:
+    run_dir: str | os.PathLike[str] | StoragePath | None,
+    resume_checkpoint: str | os.PathLike[str] | StoragePath | None = None,
+) -> tuple[StoragePath | None, dict[str, torch.Tensor] | None]:
     """The checkpoint a (re)started actor takes its history from, and that history.
 
     The newest complete checkpoint in ``run_dir``, else ``resume_checkpoint``, else none. The
@@ -171,8 +170,8 @@ def get_or_create_actor(
     run_name: str,
     *,
     num_timesteps: int,
-    run_dir: str | os.PathLike[str] | RemotePath | None = None,
-    resume_checkpoint: str | os.PathLike[str] | RemotePath | None = None,
+    run_dir: str | os.PathLike[str] | StoragePath | None = None,
+    resume_checkpoint: str | os.PathLike[str] | StoragePath | None = None,
 ) -> ray.actor.ActorHandle:
     """The run's named actor, created if it does not exist (one per run).
 
@@ -195,14 +194,10 @@ def get_or_create_actor(
     ).remote(num_timesteps, _actor_location(run_dir), _actor_location(resume_checkpoint))
 
 
-def _actor_location(
-    location: str | os.PathLike[str] | RemotePath | None,
-) -> str | RemotePath | None:
-    """An absolute local path (the actor runs elsewhere), or a RemotePath with its filesystem
+def _actor_location(location: str | os.PathLike[str] | StoragePath | None) -> StoragePath | None:
+    """An absolute local path (the actor runs elsewhere), or a URI's path with its filesystem
     (its credentials included: the actor may run where the environment has none)."""
-    if location is None or isinstance(location, RemotePath):
-        return location
-    return str(Path(location).resolve())
+    return None if location is None else resolve_location(location)
 
 
 def kill_actor(run_name: str, *, timeout_s: float = 30.0) -> None:
@@ -248,8 +243,8 @@ class ActorSyncedSampler(ScheduleSampler):
         seed: int,
         refresh_interval: int = 10,
         broadcast: Any = None,
-        run_dir: str | os.PathLike[str] | RemotePath | None = None,
-        resume_checkpoint: str | os.PathLike[str] | RemotePath | None = None,
+        run_dir: str | os.PathLike[str] | StoragePath | None = None,
+        resume_checkpoint: str | os.PathLike[str] | StoragePath | None = None,
     ) -> None:
         super().__init__(diffusion.num_timesteps, seed=seed)
         self.run_name = run_name

@@ -29,7 +29,7 @@ from raydiff.data.cached_split import CachedSplit
 from raydiff.data.pipeline import iterate_batches
 from raydiff.orchestrate.loss_history_actor import ActorSyncedSampler
 from raydiff.orchestrate.metrics import TrainingMetrics
-from raydiff.storage import RemotePath, local_copy
+from raydiff.storage import StoragePath, local_copy
 from raydiff.train.checkpoint import (
     checkpoint_name,
     latest_checkpoint,
@@ -53,8 +53,8 @@ class RayRuntime:
         rank: int,
         world_size: int,
         actor_key: str,
-        output_dir: Path | RemotePath,
-        resume: Path | RemotePath | None,
+        output_dir: StoragePath,
+        resume: StoragePath | None,
         has_val: bool,
         cached_train: CachedSplit | None = None,
     ) -> None:

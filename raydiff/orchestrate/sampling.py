@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -28,7 +27,7 @@ from raydiff.sample.load import SamplingModel, load_sampling_model
 from raydiff.sample.low_res import LowResImages, check_cascade, load_low_res
 from raydiff.sample.options import SampleOptions, cascade_stages, sampling_diffusion_config
 from raydiff.sample.outputs import write_sampling_outputs
-from raydiff.storage import RemotePath, resolve_location
+from raydiff.storage import StoragePath, resolve_location
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +36,9 @@ logger = logging.getLogger(__name__)
 class SampleResult:
     """What a sampling run wrote (local paths, or URIs for an ``--out`` URI), and how fast."""
 
-    npz: Path | RemotePath
-    grid: Path | RemotePath
-    png_dir: Path | RemotePath
+    npz: StoragePath
+    grid: StoragePath
+    png_dir: StoragePath
     num_samples: int
     seconds: float
     base: SampleResult | None = None

@@ -41,7 +41,14 @@ from raydiff.errors import UserInputError
 from raydiff.orchestrate.driver_signals import sigterm_as_ctrl_c
 from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console, verbose
 from raydiff.orchestrate.training_job import absolute_uri, run_training_job, sampler_actor_key
-from raydiff.storage import RemotePath, as_location, resolve_location, write_text_atomically
+from raydiff.storage import (
+    StoragePath,
+    as_location,
+    names_a_bucket,
+    ray_storage,
+    resolve_location,
+    write_text_atomically,
+)
 from raydiff.sweep.results import (
     TrialRow,
     best_row,
@@ -103,7 +110,7 @@ class TrialLifecycle(tune.Callback):
     actor when the trial ends (an early-stopped trial's process is killed, so its own clean-up
     never runs)."""
 
-    def __init__(self, *, trials_dir: Path | RemotePath, metric: str, max_steps: int) -> None:
+    def __init__(self, *, trials_dir: StoragePath, metric: str, max_steps: int) -> None:
         self._trials_dir = trials_dir
         self._metric = metric
         self._max_steps = max_steps
@@ -154,10 +161,10 @@ class SweepOutcome:
     stopped_by: str
     """The signal that interrupted the sweep ("SIGINT": Ctrl-C, or "SIGTERM"); read when
     ``interrupted``."""
-    results_csv: Path | RemotePath | None
-    best_config: Path | RemotePath | None
+    results_csv: StoragePath | None
+    best_config: StoragePath | None
     best_checkpoint: str | None
-    tensorboard_dir: Path | RemotePath
+    tensorboard_dir: StoragePath
 
 
 class TrialNumbers:
@@ -168,7 +175,7 @@ class TrialNumbers:
     the sweep folder. Tune calls this in the driver, one trial at a time.
     """
 
-    def __init__(self, out: Path | RemotePath) -> None:
+    def __init__(self, out: StoragePath) -> None:
         self._file = out / "trial_numbers.json"
 
     def __call__(self, trial_id: str) -> int:
@@ -203,7 +210,7 @@ def run_trial(
     params: dict[str, Any],
     *,
     loaded: LoadedSweep,
-    trials_dir: Path | RemotePath,
+    trials_dir: StoragePath,
     manifest: Manifest,
     cached_splits: dict[str, Any],
 ) -> None:
@@ -231,7 +238,7 @@ def run_trial(
 def _trainable(
     loaded: LoadedSweep,
     *,
-    trials_dir: Path | RemotePath,
+    trials_dir: StoragePath,
     manifest: Manifest,
     cached_splits: dict[str, Any],
 ) -> Any:
@@ -264,7 +271,7 @@ def _default_concurrency(loaded: LoadedSweep) -> int:
 class TrialDirName:
     """A trial's name and folder name: its number (:class:`TrialNumbers`) and its values."""
 
-    def __init__(self, out: Path | RemotePath, dims: tuple[SearchDimension, ...]) -> None:
+    def __init__(self, out: StoragePath, dims: tuple[SearchDimension, ...]) -> None:
         self._numbers = TrialNumbers(out)
         self._dims = dims
 
@@ -276,7 +283,7 @@ class TrialDirName:
 def _tuner(
     loaded: LoadedSweep,
     *,
-    out: Path | RemotePath,
+    out: StoragePath,
     manifest: Manifest,
     concurrency: int,
     restore: bool,
@@ -322,7 +329,7 @@ def _tuner(
         ),
         run_config=tune.RunConfig(
             name=TUNE_DIR,
-            storage_path=out.path if isinstance(out, RemotePath) else str(out),
+            storage_path=ray_storage(out)[0],
             storage_filesystem=storage_filesystem(out),
             failure_config=tune.FailureConfig(max_failures=0),
             callbacks=[
@@ -369,25 +376,25 @@ def _scheduler(loaded: LoadedSweep) -> Any:
     )
 
 
-def sweep_folder(flag: str, folder: str | Path) -> Path | RemotePath:
-    """The sweep folder: an absolute local path, or a URI (s3://, gs://, ...) as a RemotePath."""
+def sweep_folder(flag: str, folder: str | Path) -> StoragePath:
+    """The sweep folder: an absolute local path, or a URI (s3://, gs://, ...)."""
     out = resolve_location(folder)
-    if isinstance(out, RemotePath) and "/" not in out.path:
+    if names_a_bucket(out):
         raise UserInputError(
             f"{flag} {folder}: give the sweep a folder inside the bucket, e.g. {out}/sweeps/NAME"
         )
     return out
 
 
-def storage_filesystem(out: Path | RemotePath) -> Any:
+def storage_filesystem(out: StoragePath) -> Any:
     """The pyarrow filesystem Tune keeps its state on: a URI's own (S3 configured from the
     driver's environment, ``raydiff.storage``), or Tune's default for a local folder."""
-    return out.filesystem if isinstance(out, RemotePath) else None
+    return ray_storage(out)[1]
 
 
-def tune_path(out: Path | RemotePath) -> str:
+def tune_path(out: StoragePath) -> str:
     """Tune's experiment folder as Tune takes it (with :func:`storage_filesystem`)."""
-    return (out / TUNE_DIR).path if isinstance(out, RemotePath) else str(out / TUNE_DIR)
+    return ray_storage(out / TUNE_DIR)[0]
 
 
 def start_sweep(
@@ -442,7 +449,7 @@ def resume_sweep(output_dir: str | Path, *, address: str | None = None) -> Sweep
 def _run(
     loaded: LoadedSweep,
     *,
-    out: Path | RemotePath,
+    out: StoragePath,
     manifest: Manifest | None,
     address: str | None,
     restore: bool,
@@ -511,9 +518,7 @@ def _run(
     return outcome
 
 
-def _row(
-    loaded: LoadedSweep, *, out: Path | RemotePath, result: Any, unfinished: set[str]
-) -> TrialRow:
+def _row(loaded: LoadedSweep, *, out: StoragePath, result: Any, unfinished: set[str]) -> TrialRow:
     name = Path(result.path).name
     run_dir = out / TRIALS_DIR / name
     metrics = dict(result.metrics or {})

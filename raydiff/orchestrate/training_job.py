@@ -25,7 +25,13 @@ from raydiff.orchestrate.ray_session import (
     train_log_level,
     verbose,
 )
-from raydiff.storage import RemotePath, resolve_location
+from raydiff.storage import (
+    StoragePath,
+    is_local,
+    names_a_bucket,
+    ray_storage,
+    resolve_location,
+)
 from raydiff.train.preflight import StartPoint, plan_start
 from raydiff.train.run_lock import run_lock
 
@@ -44,24 +50,23 @@ def absolute_uri(uri: str) -> str:
 RUN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def check_remote_output(out: RemotePath) -> None:
+def check_remote_output(out: StoragePath) -> None:
     """What a run folder given as a URI (``raydiff.storage``) cannot be."""
-    if "/" not in out.path:
+    if names_a_bucket(out):
         raise UserInputError(
             f"--output {out}: give the run a folder inside the bucket, e.g. {out}/runs/NAME"
         )
 
 
-def storage_options(run_dir: Path | RemotePath) -> dict[str, Any]:
+def storage_options(run_dir: StoragePath) -> dict[str, Any]:
     """``RunConfig``'s storage arguments: Ray Train keeps the run (its checkpoints) in
     ``run_dir``. A URI's filesystem is the driver's (S3 configured from its environment,
     credentials included: ``raydiff.storage``); Train's controller and workers use it as is."""
-    if isinstance(run_dir, RemotePath):
-        return {"storage_path": run_dir.parent.path, "storage_filesystem": run_dir.filesystem}
-    return {"storage_path": str(run_dir.parent)}
+    path, filesystem = ray_storage(run_dir.parent)
+    return {"storage_path": path, "storage_filesystem": filesystem}
 
 
-def sampler_actor_key(run_dir: Path | RemotePath) -> str:
+def sampler_actor_key(run_dir: StoragePath) -> str:
     """The key of the loss-history actor of the run in ``run_dir`` (an absolute path or a URI).
 
     Per run folder, not per folder name: two runs called "demo" in different places must not
@@ -118,8 +123,7 @@ def run_training_job(
             f"name and may only hold letters, digits, '_', '.' and '-' (e.g. "
             f"{re.sub(r'[^A-Za-z0-9_.-]', '-', out.name)!r})"
         )
-    if isinstance(out, RemotePath):
-        check_remote_output(out)
+    check_remote_output(out)
     manifest = manifest or load_manifest(config.data.data_dir)
     start = plan_start(config, output_dir=out, resume=resume_path, manifest=manifest)
     if start.finished is not None:
@@ -127,7 +131,7 @@ def run_training_job(
     # One driver per run folder (raydiff.train.run_lock): a second one is refused here, before
     # Ray starts; the lock is held until this run returns or fails.
     # Object stores have no locks: one driver per remote run folder is the user's to ensure.
-    with run_lock(out) if isinstance(out, Path) else contextlib.nullcontext():
+    with run_lock(out) if is_local(out) else contextlib.nullcontext():
         return _train_on_ray(
             config,
             out=out,
@@ -143,7 +147,7 @@ def run_training_job(
 def _train_on_ray(
     config: ExperimentConfig,
     *,
-    out: Path | RemotePath,
+    out: StoragePath,
     start: StartPoint,
     manifest: Manifest,
     address: str | None,
@@ -265,7 +269,7 @@ def _datasets(
 def _torch_trainer(
     config: ExperimentConfig,
     *,
-    out: Path | RemotePath,
+    out: StoragePath,
     start: StartPoint,
     actor_key: str,
     datasets: dict[str, Any],
@@ -323,7 +327,7 @@ def _torch_trainer(
 
 
 def _final_metrics(
-    result: ray.train.Result, *, evaluation: dict[str, Any] | None, out: Path | RemotePath
+    result: ray.train.Result, *, evaluation: dict[str, Any] | None, out: StoragePath
 ) -> dict[str, Any]:
     """Rank 0's final metrics, the checkpoint evaluations, the last checkpoint and the run."""
     metrics = dict(result.return_value or {})
@@ -331,7 +335,7 @@ def _final_metrics(
         metrics["evaluation"] = evaluation
     if result.checkpoint is not None:
         checkpoint = result.checkpoint.path
-        if isinstance(out, RemotePath):  # a path on the run's filesystem: give the URI
+        if not is_local(out):  # a path on the run's filesystem: give the URI
             checkpoint = str(out / Path(checkpoint).name)
         metrics["checkpoint"] = checkpoint
     metrics["output_dir"] = str(out)
@@ -339,7 +343,7 @@ def _final_metrics(
 
 
 def run_failed_error(
-    error: Exception, *, run_dir: Path | RemotePath, max_failures: int
+    error: Exception, *, run_dir: StoragePath, max_failures: int
 ) -> RunFailedError:
     """What a user is told when Ray Train gives up on a run (``fit()`` raised
     ``ray.train.TrainingFailedError``): what failed, after how many restarts, the last complete
@@ -364,7 +368,7 @@ def run_failed_error(
     )
 
 
-def where_it_stands(run_dir: Path | RemotePath) -> str:
+def where_it_stands(run_dir: StoragePath) -> str:
     """The run's last complete checkpoint and how to continue from it, as one sentence."""
     from raydiff.train.checkpoint import latest_checkpoint, read_progress
 

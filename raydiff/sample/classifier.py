@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from raydiff.config import DATA_FIELDS_DERIVED, ExperimentConfig, from_dict, to_dict
 from raydiff.errors import UserInputError
 from raydiff.factory import create_classifier
-from raydiff.storage import RemotePath, as_location
+from raydiff.storage import StoragePath, as_location, is_local
 from raydiff.train.checkpoint import load_model_weights
 
 MODEL_FLAGS = ("image_size", "in_channels", "num_classes")
@@ -56,7 +56,7 @@ def classifier_config_from_flags(
 
 
 def load_classifier(
-    path: str | Path | RemotePath,
+    path: str | StoragePath,
     *,
     flags: dict[str, str] | None = None,
     model_config: Any = None,
@@ -69,7 +69,7 @@ def load_classifier(
     from raydiff.sample.load import load_sampling_model
 
     location = as_location(path)
-    if isinstance(location, RemotePath) or Path(location).is_dir():
+    if not is_local(location) or location.is_dir():
         if flags:
             raise UserInputError(
                 f"{flag} {path} is a raydiff checkpoint: its config.json describes the "

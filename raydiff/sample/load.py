@@ -18,7 +18,7 @@ from raydiff.config import (
     load_config,
 )
 from raydiff.errors import UserInputError
-from raydiff.storage import RemotePath, as_location, local_copy
+from raydiff.storage import StoragePath, as_location, is_local, local_copy
 from raydiff.train.checkpoint import load_model_weights, require_checkpoint_dir
 from raydiff.train.tasks import task_spec
 
@@ -63,7 +63,7 @@ def ema_files(checkpoint: Path) -> dict[str, Path]:
 
 
 def load_sampling_model(
-    path: str | Path | RemotePath,
+    path: str | StoragePath,
     *,
     weights: str | None = None,
     model_flags: str | None = None,
@@ -87,7 +87,7 @@ def load_sampling_model(
     rate, flags that do not match the file's keys) is a one-line error naming it.
     """
     location = as_location(path)
-    if isinstance(location, RemotePath):
+    if not is_local(location):
         with local_copy(location) as local:
             try:
                 return load_sampling_model(

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from raydiff.storage import MirroredFolder, RemotePath
+from raydiff.storage import MirroredFolder, StoragePath
 from raydiff.train.sample_grid import save_png, tile
 
 SAMPLING_RECORD = "sampling.json"
@@ -57,11 +57,11 @@ def write_grid(samples: np.ndarray, path: Path, *, max_images: int = 256) -> Pat
 
 def write_sampling_outputs(
     samples: np.ndarray,
-    out: Path | RemotePath,
+    out: StoragePath,
     *,
     labels: np.ndarray | None,
     record: dict[str, Any],
-) -> Path | RemotePath:
+) -> StoragePath:
     """A ``raydiff sample --out`` folder: the npz (``labels`` as ``arr_1``), one PNG per sample
     in ``images/``, ``grid.png`` and the record of where the samples came from
     (:data:`SAMPLING_RECORD`), written locally (in place, or staged and uploaded for a URI).

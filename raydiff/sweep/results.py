@@ -8,11 +8,10 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from raydiff.config import ExperimentConfig, from_dict, to_yaml
-from raydiff.storage import RemotePath, as_location, write_text_atomically
+from raydiff.storage import StoragePath, as_location, write_text_atomically
 from raydiff.sweep.spec import Mode
 
 
@@ -120,8 +119,8 @@ def _show(value: Any) -> str:
 
 
 def write_csv(
-    rows: Sequence[TrialRow], path: Path | RemotePath, *, metric: str, columns: Sequence[str]
-) -> Path | RemotePath:
+    rows: Sequence[TrialRow], path: StoragePath, *, metric: str, columns: Sequence[str]
+) -> StoragePath:
     """``results.csv``: one line per trial, every swept value and final metric as a column
     (the objective and ``columns`` first)."""
     keys, metrics = _columns(rows, metric, columns)
@@ -147,7 +146,7 @@ def write_csv(
     return path
 
 
-def read_run_config(run_dir: Path | RemotePath) -> ExperimentConfig | None:
+def read_run_config(run_dir: StoragePath) -> ExperimentConfig | None:
     """The resolved config a training run saved (``config.json``), or None if it has none yet."""
     file = run_dir / "config.json"
     if not file.is_file():
@@ -156,9 +155,7 @@ def read_run_config(run_dir: Path | RemotePath) -> ExperimentConfig | None:
     return from_dict(ExperimentConfig, data)
 
 
-def write_best_config(
-    row: TrialRow, path: Path | RemotePath, *, command: str
-) -> Path | RemotePath | None:
+def write_best_config(row: TrialRow, path: StoragePath, *, command: str) -> StoragePath | None:
     """``best_config.yaml``: the best trial's full training config, as ``raydiff COMMAND
     --config`` takes it (``command``: the task's training command; None when its run left no
     config)."""

@@ -19,7 +19,7 @@ skips the others with a warning). The single-process loop also writes into a tem
 directory and renames it into place. Files are loaded with ``torch.load(weights_only=True)``:
 no pickled code runs on load.
 
-Run folders and checkpoints may also be URIs (``raydiff.storage.RemotePath``): the functions
+Run folders and checkpoints may also be URIs (``raydiff.storage.StoragePath``): the functions
 that read metadata (:func:`latest_checkpoint`, :func:`read_progress`, ...) read them in place;
 :func:`load_checkpoint` takes a local folder (``raydiff.storage.local_copy`` downloads one).
 On an object store there is no rename: :func:`save_checkpoint` uploads the files with
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raydiff.errors import UserInputError
-from raydiff.storage import RemotePath, as_location, upload
+from raydiff.storage import StoragePath, as_location, is_local, upload
 
 if TYPE_CHECKING:
     import torch
@@ -83,7 +83,7 @@ def write_checkpoint_files(
     (directory / FILES_FILE).write_text(json.dumps(sizes, indent=2, sort_keys=True))
 
 
-def incomplete_reason(directory: Path | RemotePath) -> str | None:
+def incomplete_reason(directory: StoragePath) -> str | None:
     """Why ``directory`` is not a complete checkpoint (see the module docstring), or None."""
     directory = as_location(directory)
     listing = directory / FILES_FILE
@@ -102,7 +102,7 @@ def incomplete_reason(directory: Path | RemotePath) -> str | None:
     return None
 
 
-def read_progress(directory: Path | RemotePath) -> dict[str, int]:
+def read_progress(directory: StoragePath) -> dict[str, int]:
     """``step``, ``epoch``, ``epoch_samples`` of a checkpoint, without loading any tensor.
 
     The driver uses it to start the data pipeline at the resumed epoch. Checkpoints written before
@@ -114,9 +114,9 @@ def read_progress(directory: Path | RemotePath) -> dict[str, int]:
     return {k: int(v) for k, v in json.loads(path.read_text()).items()}
 
 
-def save_checkpoint(root: Path | RemotePath, step: int, **files: Any) -> Path | RemotePath:
+def save_checkpoint(root: StoragePath, step: int, **files: Any) -> StoragePath:
     """Atomically create ``root/checkpoint_{step}`` holding ``files`` (see write_checkpoint_files)."""
-    if isinstance(root, RemotePath):
+    if not is_local(root):
         return _upload_checkpoint(root, step, **files)
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
@@ -143,7 +143,7 @@ def save_checkpoint(root: Path | RemotePath, step: int, **files: Any) -> Path | 
     return final
 
 
-def _upload_checkpoint(root: RemotePath, step: int, **files: Any) -> RemotePath:
+def _upload_checkpoint(root: StoragePath, step: int, **files: Any) -> StoragePath:
     """:func:`save_checkpoint` on an object store: ``files.json`` goes last (and an older one of
     the same step first), so until the upload is complete the checkpoint counts as partial."""
     final = root / checkpoint_name(step)
@@ -162,8 +162,8 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def require_checkpoint_dir(directory: Path | RemotePath) -> Path | RemotePath:
-    """``directory`` (a Path, or a RemotePath for a URI) if it holds a raydiff checkpoint, else
+def require_checkpoint_dir(directory: StoragePath) -> StoragePath:
+    """``directory`` (a local path or a URI's) if it holds a raydiff checkpoint, else
     FileNotFoundError saying why."""
     directory = as_location(directory)
     if not (directory / "model.pt").is_file() or not (directory / "trainer.pt").is_file():
@@ -195,7 +195,7 @@ def load_checkpoint(directory: Path) -> dict[str, Any]:
     }
 
 
-def latest_checkpoint(root: Path | RemotePath) -> Path | RemotePath | None:
+def latest_checkpoint(root: StoragePath) -> StoragePath | None:
     """The complete checkpoint with the highest step under ``root``.
 
     Temporaries are ignored; partial folders (a copy cut short by a crash, see the module
@@ -217,9 +217,7 @@ def latest_checkpoint(root: Path | RemotePath) -> Path | RemotePath | None:
     return None
 
 
-def resume_point(
-    output_dir: Path | RemotePath, resume: Path | RemotePath | None
-) -> Path | RemotePath | None:
+def resume_point(output_dir: StoragePath, resume: StoragePath | None) -> StoragePath | None:
     """The checkpoint a run continues from: ``--resume`` when given, else the newest under
     ``output_dir`` (re-running a run continues it), else None (a fresh run)."""
     return as_location(resume) if resume is not None else latest_checkpoint(output_dir)

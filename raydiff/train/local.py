@@ -21,7 +21,7 @@ from raydiff.core.timestep_sampler import ScheduleSampler, create_named_schedule
 from raydiff.data.in_memory import infinite_batches, load_split_tensors
 from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.errors import UserInputError
-from raydiff.storage import RemotePath, local_copy, resolve_location
+from raydiff.storage import StoragePath, is_local, local_copy, resolve_location
 from raydiff.train.checkpoint import save_checkpoint
 from raydiff.train.data_position import DataPosition
 from raydiff.train.loop import run_loop
@@ -44,8 +44,8 @@ class LocalRuntime:
         self,
         config: ExperimentConfig,
         *,
-        output_dir: Path | RemotePath,
-        resume: Path | RemotePath | None,
+        output_dir: StoragePath,
+        resume: StoragePath | None,
         images: torch.Tensor,
         labels: torch.Tensor | None,
         val: tuple[torch.Tensor, torch.Tensor | None] | None = None,
@@ -56,7 +56,7 @@ class LocalRuntime:
         self.resume = resume
         self.images, self.labels, self.val = images, labels, val
         self.device = device or torch.device("cpu")
-        self.last_checkpoint: Path | RemotePath | None = None
+        self.last_checkpoint: StoragePath | None = None
 
     def resume_checkpoint(self) -> contextlib.AbstractContextManager[Path | None]:
         return local_copy(self.resume)  # a checkpoint under a URI: downloaded
@@ -129,8 +129,8 @@ def single_process_device(config: ExperimentConfig) -> torch.device:
 def run_single_process(
     config: ExperimentConfig,
     *,
-    output_dir: str | Path | RemotePath,
-    resume: str | Path | RemotePath | None = None,
+    output_dir: str | StoragePath,
+    resume: str | StoragePath | None = None,
     manifest: Manifest | None = None,
     device: torch.device | None = None,
 ) -> dict[str, Any]:
@@ -152,7 +152,7 @@ def run_single_process(
         return start.finished
     # One driver per run folder, as a Ray run (object stores have no locks: there it is the
     # user's to ensure).
-    lock = run_lock(output_dir) if isinstance(output_dir, Path) else contextlib.nullcontext()
+    lock = run_lock(output_dir) if is_local(output_dir) else contextlib.nullcontext()
     with lock:
         data = config.data
         labels_wanted = config.model.class_cond

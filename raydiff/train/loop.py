@@ -30,7 +30,7 @@ import torch
 
 from raydiff.config import ExperimentConfig, to_dict
 from raydiff.seeding import derive_seed
-from raydiff.storage import RemotePath
+from raydiff.storage import StoragePath
 from raydiff.train.build import build_rank_optimizer
 from raydiff.train.checkpoint import load_checkpoint
 from raydiff.train.data_position import DataPosition
@@ -54,7 +54,7 @@ def run_loop(
     config: ExperimentConfig,
     *,
     runtime: Runtime,
-    output_dir: Path | RemotePath,
+    output_dir: StoragePath,
     make_task: TaskFactory = task_of_config,
 ) -> dict[str, Any]:
     """Train ``make_task(config)`` until ``config.train.max_steps``; returns the last reported
@@ -76,7 +76,7 @@ class TrainingLoop:
         config: ExperimentConfig,
         *,
         runtime: Runtime,
-        output_dir: Path | RemotePath,
+        output_dir: StoragePath,
         make_task: TaskFactory,
     ) -> None:
         self.config, self.train = config, config.train

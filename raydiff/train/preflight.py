@@ -23,7 +23,7 @@ from raydiff.config import (
 )
 from raydiff.data.manifest import Manifest, check_compatible
 from raydiff.errors import ConfigError, UserInputError
-from raydiff.storage import RemotePath, as_location
+from raydiff.storage import StoragePath, as_location, is_local
 from raydiff.train.checkpoint import read_progress, require_checkpoint_dir, resume_point
 
 logger = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def check_run(
     config: ExperimentConfig,
     *,
     manifest: Manifest,
-    resume: Path | RemotePath | None = None,
+    resume: StoragePath | None = None,
     num_workers: int | None = None,
 ) -> None:
     """Raise ValueError / FileNotFoundError naming the field when the run cannot start.
@@ -177,7 +177,7 @@ def check_run(
             raise FileNotFoundError(f"--resume: {error}") from None
 
 
-def check_resume_target(output_dir: Path | RemotePath, resume: Path | RemotePath | None) -> None:
+def check_resume_target(output_dir: StoragePath, resume: StoragePath | None) -> None:
     """``--resume`` starts a new run folder: refuse one that already holds a run's checkpoints.
 
     Re-running into such a folder continues *its* run (Ray Train restores its own latest
@@ -201,7 +201,7 @@ def check_resume_target(output_dir: Path | RemotePath, resume: Path | RemotePath
 class StartPoint:
     """Where a run starts: the checkpoint it continues (None: from scratch) and its progress."""
 
-    checkpoint: Path | RemotePath | None
+    checkpoint: StoragePath | None
     progress: dict[str, int]  # the checkpoint's progress.json ({} from scratch)
     finished: dict[str, Any] | None  # the run's result when it is already at train.max_steps
 
@@ -209,9 +209,9 @@ class StartPoint:
 def plan_start(
     config: ExperimentConfig,
     *,
-    output_dir: Path | RemotePath,
+    output_dir: StoragePath,
     manifest: Manifest,
-    resume: Path | RemotePath | None = None,
+    resume: StoragePath | None = None,
     num_workers: int | None = None,
 ) -> StartPoint:
     """Every check before a run starts (the Ray driver and ``--single-process`` alike), and the
@@ -250,7 +250,7 @@ def plan_start(
 RESUMABLE_CHANGES = frozenset({"model.use_checkpoint", "model.dropout", "model.use_fp16"})
 
 
-def check_resume_compatible(config: ExperimentConfig, checkpoint: Path | RemotePath) -> None:
+def check_resume_compatible(config: ExperimentConfig, checkpoint: StoragePath) -> None:
     """Refuse to continue ``checkpoint`` with other model or diffusion settings.
 
     A different architecture fails deep inside ``load_state_dict``; a different noise schedule,
@@ -273,7 +273,7 @@ def check_resume_compatible(config: ExperimentConfig, checkpoint: Path | RemoteP
     ]
     if changed:
         weights = checkpoint / "model.pt"
-        if not isinstance(weights, Path):  # init_checkpoint is read by every worker: local only
+        if not is_local(weights):  # init_checkpoint is read by every worker: local only
             weights = f"PATH (a copy of {weights} on a local or shared disk)"
         raise UserInputError(
             f"cannot continue {checkpoint} with different model/diffusion settings ("

@@ -1,7 +1,7 @@
 """What the main rank writes into a run folder while it trains: the resolved config, TensorBoard
 events, preview grids.
 
-``output_dir`` may be a URI (``raydiff.storage.RemotePath``): the files are then written into a
+``output_dir`` may be a URI (``raydiff.storage.StoragePath``): the files are then written into a
 local staging folder and each is uploaded after writing it (TensorBoard's events at every
 checkpoint and at most every ``EVENTS_UPLOAD_INTERVAL_S`` in between; what a failed attempt logged
 after its last checkpoint is dropped on resume anyway, see ``purge_step``).
@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from raydiff.config import ExperimentConfig, to_dict
-from raydiff.storage import MirroredFolder, RemotePath
+from raydiff.storage import MirroredFolder, StoragePath
 from raydiff.train.sample_grid import save_grid
 
 logger = logging.getLogger(__name__)
@@ -33,7 +32,7 @@ class RunFiles:
     """The main rank's files of one run (see the module docstring); ``close`` at the end."""
 
     def __init__(
-        self, config: ExperimentConfig, *, output_dir: Path | RemotePath, start_step: int
+        self, config: ExperimentConfig, *, output_dir: StoragePath, start_step: int
     ) -> None:
         # Written in place (a local run folder), or staged locally and uploaded (a URI).
         self.files = MirroredFolder(output_dir)

@@ -16,10 +16,14 @@ from raydiff.errors import UserInputError
 from raydiff.storage import (
     MirroredFolder,
     RemotePath,
+    append_line,
     as_location,
     download,
+    is_local,
     local_copy,
+    names_a_bucket,
     open_filesystem,
+    ray_storage,
     resolve_location,
     upload,
     write_text_atomically,
@@ -71,6 +75,23 @@ def test_local_paths_stay_paths_and_uris_become_remote_paths(tmp_path, monkeypat
     assert str(uri) == "mock:///bucket/runs/r1"
     assert uri.name == "r1" and str(uri.parent) == "mock:///bucket/runs"
     assert str(uri / "checkpoint_000004") == "mock:///bucket/runs/r1/checkpoint_000004"
+
+
+def test_what_differs_between_a_local_path_and_a_uri(tmp_path, memory):
+    assert is_local(tmp_path) and not is_local(memory)
+    assert names_a_bucket(as_location("mock:///bucket/"))
+    assert not names_a_bucket(memory) and not names_a_bucket(Path("/bucket"))
+    assert ray_storage(tmp_path / "runs") == (str(tmp_path / "runs"), None)
+    assert ray_storage(memory.parent) == ("bucket/runs", memory.filesystem)
+
+
+@pytest.mark.parametrize("where", ["local", "memory", "on_disk"])
+def test_append_line_adds_a_line_locally_and_under_a_uri(where, tmp_path, request):
+    folder = tmp_path / "run" if where == "local" else request.getfixturevalue(where)
+    folder.mkdir(parents=True, exist_ok=True)
+    append_line(folder / "metrics.jsonl", '{"step": 1}')
+    append_line(folder / "metrics.jsonl", '{"step": 2}')
+    assert (folder / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
 
 
 def test_remote_path_reads_writes_and_lists(memory):
@@ -170,7 +191,7 @@ def test_checkpoint_rules_hold_under_a_uri(memory, tmp_path):
     assert latest_checkpoint(memory) is None
     first = save_checkpoint(memory, 4, **checkpoint_files(4))
     second = save_checkpoint(memory, 8, **checkpoint_files(8))
-    assert isinstance(second, RemotePath) and str(second) == f"{memory}/checkpoint_000008"
+    assert not is_local(second) and str(second) == f"{memory}/checkpoint_000008"
     assert latest_checkpoint(memory) == second
     assert read_progress(second) == {"step": 8, "epoch": 1, "epoch_samples": 16}
     assert require_checkpoint_dir(first) == first

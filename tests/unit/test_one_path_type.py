@@ -1,0 +1,76 @@
+"""One path type: a local folder and a URI are both a ``raydiff.storage.StoragePath``, and only
+raydiff/storage.py asks which one a path is. Elsewhere nothing checks ``isinstance(...,
+RemotePath)`` or spells the union ``Path | RemotePath`` again: the branch goes into a storage
+function (``is_local``, ``ray_storage``, ``append_line``, ...) that every caller shares."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCANNED = ("raydiff", "bench", "jobs")
+STORAGE = Path("raydiff") / "storage.py"
+UNION = re.compile(r"\bPath\s*\|\s*RemotePath\b|\bRemotePath\s*\|\s*Path\b")
+
+
+def _names(node: ast.AST) -> set[str]:
+    """Every name (``RemotePath``, ``storage.RemotePath``'s attribute) inside ``node``."""
+    found = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            found.add(sub.id)
+        elif isinstance(sub, ast.Attribute):
+            found.add(sub.attr)
+    return found
+
+
+def path_type_checks(root: Path) -> list[str]:
+    """``file:line what`` for each ``isinstance(..., RemotePath)`` and each ``Path |
+    RemotePath`` in the Python files under ``root``'s scanned folders, storage.py excepted."""
+    found = []
+    for folder in SCANNED:
+        for path in sorted((root / folder).rglob("*.py")):
+            relative = path.relative_to(root)
+            if relative == STORAGE:
+                continue
+            text = path.read_text()
+            for number, line in enumerate(text.splitlines(), start=1):
+                if UNION.search(line):
+                    found.append(f"{relative}:{number} Path | RemotePath")
+            for node in ast.walk(ast.parse(text, filename=str(path))):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id == "isinstance"
+                    and len(node.args) == 2
+                    and "RemotePath" in _names(node.args[1])
+                ):
+                    found.append(f"{relative}:{node.lineno} isinstance(..., RemotePath)")
+    return found
+
+
+def test_only_storage_asks_whether_a_path_is_remote() -> None:
+    assert path_type_checks(ROOT) == []
+
+
+def test_the_check_sees_each_spelling(tmp_path: Path) -> None:
+    module = Path("raydiff", "train", "mod.py")  # no such module in the project
+    (tmp_path / module.parent).mkdir(parents=True)
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / module).write_text(
+        "def f(p: Path | RemotePath, q: RemotePath|Path) -> None:\n"
+        "    if isinstance(p, storage.RemotePath):\n"
+        "        pass\n"
+        "    if isinstance(\n        q, (Path, RemotePath)\n    ):\n"
+        "        pass\n"
+    )
+    (tmp_path / "jobs" / "job.py").write_text("ok = isinstance(x, Path)\nx: StoragePath\n")
+    storage = "x: Path | RemotePath\nisinstance(x, RemotePath)\n"
+    (tmp_path / STORAGE).write_text(storage)  # the one module that may
+    assert path_type_checks(tmp_path) == [
+        f"{module}:1 Path | RemotePath",
+        f"{module}:2 isinstance(..., RemotePath)",
+        f"{module}:4 isinstance(..., RemotePath)",
+    ]
