@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from raydiff.config.experiment import DATA_FIELDS_DERIVED, ExperimentConfig, derive_sections
-from raydiff.config.sections import WorkerCount
+from raydiff.config.scaling import WorkerCount
 from raydiff.errors import ConfigError, UserInputError
 
 ConfigT = TypeVar("ConfigT")
