@@ -18,7 +18,7 @@ CLASSIFIER_CHANNEL_MULT_BY_IMAGE_SIZE: dict[int, tuple[float, ...]] = {
 }
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class ClassifierConfig:
     """guided-diffusion's noisy-image classifier (``EncoderUNetModel``, its ``classifier_*`` flags
     and defaults) and how ``train.task=classifier`` trains it. Its image size, channels and class

@@ -10,7 +10,7 @@ from raydiff.config.field_values import invalid
 NoiseSchedule = Literal["linear", "cosine"]
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class DiffusionConfig:
     """The diffusion process and objective (improved-diffusion's diffusion flags and defaults)."""
 

@@ -10,7 +10,7 @@ from raydiff.config.field_values import invalid
 from raydiff.errors import ConfigError
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class EvaluationConfig:
     """Evaluation of each new checkpoint while the run trains (``raydiff train
     --evaluate-checkpoints``): one Ray actor of its own, beside the training workers, samples

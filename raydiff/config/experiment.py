@@ -35,7 +35,7 @@ DATA_FIELDS_DERIVED = {
 """DataConfig fields that follow a field of another section."""
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class ExperimentConfig:
     """Everything that defines a run: model, diffusion, optimiser and training loop."""
 

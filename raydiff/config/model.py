@@ -19,7 +19,7 @@ UPSAMPLER_CHANNEL_MULT_BY_IMAGE_SIZE = {**CHANNEL_MULT_BY_IMAGE_SIZE, 512: (1, 1
 """guided-diffusion's ``sr_create_model`` table (by ``large_size``): the base table's but at 512."""
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class ModelConfig:
     """The UNet (improved-/guided-diffusion's model flags)."""
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from raydiff.config.field_values import invalid
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class OptimConfig:
     """AdamW, learning-rate schedule and EMA (improved-diffusion's TrainLoop flags)."""
 

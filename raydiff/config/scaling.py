@@ -36,7 +36,7 @@ def _whole(value: Any) -> int:
         raise ValueError("expected N or MIN-MAX") from None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class ScalingConfig:
     """How the run is spread over Ray: workers, resources, failure handling."""
 
@@ -66,7 +66,8 @@ class ScalingConfig:
     def __post_init__(self) -> None:
         s = "scaling"
         try:
-            self.num_workers = parse_worker_count(self.num_workers)
+            # Every spelling ("1-4", [1, 4]) becomes one value; a frozen dataclass sets it so.
+            object.__setattr__(self, "num_workers", parse_worker_count(self.num_workers))
         except ValueError as err:
             raise invalid(s, "num_workers", self.num_workers, str(err)) from None
         if self.min_workers < 1:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from raydiff.config.field_values import invalid
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class SuperResConfig:
     """improved-diffusion's super-resolution model (``super_res_train.py``): the model section's
     UNet at ``model.image_size`` (its ``--large_size``), conditioned on the image shrunk to

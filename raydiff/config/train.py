@@ -13,7 +13,7 @@ TaskName = Literal["diffusion", "classifier", "super_res"]
 ScheduleSamplerName = Literal["uniform", "loss-second-moment"]
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class TrainConfig:
     """The training run: what is trained, batch, precision, length, intervals."""
 
