@@ -1,14 +1,22 @@
 """Typed, validated configuration with improved-diffusion's flag names and defaults.
 
-One concept per module: :mod:`~raydiff.config.sections` (model, diffusion, optim, train, scaling,
-evaluation; the data section is :mod:`raydiff.data.config`), :mod:`~raydiff.config.experiment`
+One module per section (:mod:`~raydiff.config.model`, :mod:`~raydiff.config.classifier`,
+:mod:`~raydiff.config.super_res`, :mod:`~raydiff.config.diffusion`, :mod:`~raydiff.config.optim`,
+:mod:`~raydiff.config.train`, :mod:`~raydiff.config.scaling`, :mod:`~raydiff.config.evaluation`;
+the data section is :mod:`raydiff.data.config`), :mod:`~raydiff.config.field_values` (the error
+for a bad value, comma-separated values), :mod:`~raydiff.config.experiment`
 (the sections of one run and the fields one takes from another),
 :mod:`~raydiff.config.overrides` (dicts, type conversion, ``--set``) and
 :mod:`~raydiff.config.presets` (YAML files and the shipped presets). Every name is importable
 from ``raydiff.config``. Nothing here imports torch or Ray.
 """
 
+from raydiff.config.diffusion import DiffusionConfig, NoiseSchedule
+from raydiff.config.evaluation import EvaluationConfig
 from raydiff.config.experiment import DATA_FIELDS_DERIVED, ExperimentConfig, derive_sections
+from raydiff.config.field_values import parse_int_list
+from raydiff.config.model import CHANNEL_MULT_BY_IMAGE_SIZE, UNET_ARGUMENT_FIELDS, ModelConfig
+from raydiff.config.optim import OptimConfig
 from raydiff.config.overrides import (
     FLAG_ALIASES,
     FLAGS_ELSEWHERE,
@@ -30,21 +38,9 @@ from raydiff.config.presets import (
     resolve_config_path,
     to_yaml,
 )
-from raydiff.config.sections import (
-    CHANNEL_MULT_BY_IMAGE_SIZE,
-    UNET_ARGUMENT_FIELDS,
-    DiffusionConfig,
-    EvaluationConfig,
-    ModelConfig,
-    NoiseSchedule,
-    OptimConfig,
-    Precision,
-    ScalingConfig,
-    ScheduleSamplerName,
-    SuperResConfig,
-    TrainConfig,
-    parse_int_list,
-)
+from raydiff.config.scaling import ScalingConfig
+from raydiff.config.super_res import SuperResConfig
+from raydiff.config.train import Precision, ScheduleSamplerName, TrainConfig
 from raydiff.data.config import DataConfig
 
 __all__ = [

@@ -14,17 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from raydiff.config.sections import (
-    ClassifierConfig,
-    DiffusionConfig,
-    EvaluationConfig,
-    ModelConfig,
-    OptimConfig,
-    ScalingConfig,
-    SuperResConfig,
-    TrainConfig,
-    invalid,
-)
+from raydiff.config.classifier import ClassifierConfig
+from raydiff.config.diffusion import DiffusionConfig
+from raydiff.config.evaluation import EvaluationConfig
+from raydiff.config.field_values import invalid
+from raydiff.config.model import ModelConfig
+from raydiff.config.optim import OptimConfig
+from raydiff.config.scaling import ScalingConfig
+from raydiff.config.super_res import SuperResConfig
+from raydiff.config.train import TrainConfig
 from raydiff.data.config import DataConfig, check_data_field
 from raydiff.errors import ConfigError
 
@@ -37,7 +35,7 @@ DATA_FIELDS_DERIVED = {
 """DataConfig fields that follow a field of another section."""
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class ExperimentConfig:
     """Everything that defines a run: model, diffusion, optimiser and training loop."""
 

@@ -9,7 +9,7 @@ from raydiff.errors import ConfigError
 VALID_CHANNELS = (1, 3)
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class DataConfig:
     """Where the prepared dataset lives and how it reaches the training workers.
 

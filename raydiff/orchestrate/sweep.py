@@ -19,6 +19,7 @@ The sweep folder::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -40,7 +41,11 @@ from raydiff.data.pipeline import cache_splits
 from raydiff.errors import UserInputError
 from raydiff.orchestrate.driver_signals import sigterm_as_ctrl_c
 from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console, verbose
-from raydiff.orchestrate.training_job import absolute_uri, run_training_job, sampler_actor_key
+from raydiff.orchestrate.training_job import (
+    run_training_job,
+    sampler_actor_key,
+    with_absolute_data_dir,
+)
 from raydiff.storage import (
     StoragePath,
     as_location,
@@ -454,9 +459,9 @@ def _run(
     address: str | None,
     restore: bool,
 ) -> SweepOutcome:
-    data = loaded.base_config.data
-    data.data_dir = absolute_uri(data.data_dir)  # trials run in other working directories
-    manifest = manifest or load_manifest(data.data_dir)
+    # Trials run in other working directories; the caller's sweep and config stay as they were.
+    loaded = dataclasses.replace(loaded, base_config=with_absolute_data_dir(loaded.base_config))
+    manifest = manifest or load_manifest(loaded.base_config.data.data_dir)
     scaling = loaded.base_config.scaling
     concurrency = loaded.sweep.max_concurrent_trials or _default_concurrency(loaded)
     ensure_ray(

@@ -7,6 +7,7 @@ it once per trial.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import re
@@ -45,6 +46,13 @@ logger = logging.getLogger(__name__)
 def absolute_uri(uri: str) -> str:
     """A local path made absolute (workers and trials run in other folders); URIs as given."""
     return uri if "://" in uri else str(Path(uri).expanduser().resolve())
+
+
+def with_absolute_data_dir(config: ExperimentConfig) -> ExperimentConfig:
+    """``config`` with its dataset's local path made absolute (:func:`absolute_uri`): a new
+    config, the caller's is left as it was."""
+    data = dataclasses.replace(config.data, data_dir=absolute_uri(config.data.data_dir))
+    return dataclasses.replace(config, data=data)
 
 
 RUN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -112,7 +120,7 @@ def run_training_job(
     decodes once for all its trials).
     """
     # Every check runs before Ray is even imported: a bad config must not start a cluster.
-    config.data.data_dir = absolute_uri(config.data.data_dir)  # workers chdir into their run folder
+    config = with_absolute_data_dir(config)  # workers chdir into their run folder
     out = resolve_location(output_dir)  # an absolute local path, or a URI (raydiff.storage)
     resume_path = resolve_location(resume) if resume else None
     if not RUN_NAME.fullmatch(out.name):

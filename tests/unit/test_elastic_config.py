@@ -9,7 +9,8 @@ import re
 import pytest
 
 from raydiff.config import ExperimentConfig, apply_overrides, from_dict, load_config, to_dict
-from raydiff.config.sections import ScalingConfig, TrainConfig
+from raydiff.config.scaling import ScalingConfig
+from raydiff.config.train import TrainConfig
 from raydiff.errors import ConfigError
 
 pytestmark = pytest.mark.unit

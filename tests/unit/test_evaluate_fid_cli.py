@@ -30,9 +30,14 @@ def run_with_checkpoint(tmp_path, data_dir):
     """A run folder with a checkpoint of step 40 (configs only) of an 8x8x1 model trained on
     ``data_dir``: what samples' sampling.json may name."""
     config = config_from_flags(
-        {"image_size": "8", "in_channels": "1", "channel_mult": "1,2", "attention_resolutions": "4"}
+        {
+            "image_size": "8",
+            "in_channels": "1",
+            "channel_mult": "1,2",
+            "attention_resolutions": "4",
+            "data_dir": str(data_dir),
+        }
     )
-    config.data.data_dir = str(data_dir)
     run = tmp_path / "run"
     checkpoint = run / "checkpoint_000040"
     checkpoint.mkdir(parents=True)

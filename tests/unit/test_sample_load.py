@@ -23,8 +23,7 @@ def _state(model: torch.nn.Module, value: float) -> dict[str, torch.Tensor]:
 
 @pytest.fixture
 def checkpoint(tmp_path):
-    config = config_from_flags(parse_model_flags(FLAGS))
-    config.optim.ema_rate = "0.99,0.5"
+    config = config_from_flags({**parse_model_flags(FLAGS), "ema_rate": "0.99,0.5"})
     model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
     return save_checkpoint(
         tmp_path / "run",

@@ -202,7 +202,7 @@ def test_an_upsampler_config_is_a_sweep_base_over_its_own_fields():
 def test_every_task_has_its_sweep_objectives():
     from typing import get_args
 
-    from raydiff.config.sections import TaskName
+    from raydiff.config.train import TaskName
     from raydiff.train.tasks import task_specs
 
     assert set(task_specs()) == set(get_args(TaskName))
