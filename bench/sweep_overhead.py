@@ -9,9 +9,7 @@ ran (``make sweep`` leaves ``runs/sweep_demo``).
   written by the trial itself before it starts its Ray Train run) to the wall time of step 1 in
   the trial's own TensorBoard scalar ``train/loss_step`` (stamped when the step ends). It covers
   the Ray Train controller and worker group start, the Ray Data pipeline (the first batch
-  included), the model build and one training step. Target: under 15 s here. Also shown: the
-  same from ``process_started``, when Tune's trial process was created (Linux): that adds the
-  trial process's own start (Python, Ray, Tune's trainable, the trial's config).
+  included), the model build and one training step. Target: under 15 s here.
 * context: what else the 2 cores were doing during a trial's start-up. "alone"; "beside N
   training" (other trials training, one core each in the demo sweep); "with N starting" (other
   trials starting in the same window: their Ray processes and imports compete for the cores).
@@ -65,7 +63,6 @@ def measure(sweep_dir: Path) -> dict:
             continue
         info = json.loads(info_file.read_text())
         first = min((wall for step, wall in events if step == 1), default=None)
-        process_started = info.get("process_started")
         trials.append(
             {
                 "trial": run_dir.name,
@@ -73,9 +70,6 @@ def measure(sweep_dir: Path) -> dict:
                 "first_step": first,
                 "last_step": max(wall for _, wall in events),
                 "startup_s": None if first is None else first - info["started"],
-                "startup_from_process_s": (
-                    None if first is None or process_started is None else first - process_started
-                ),
                 "steps_trained": max(step for step, _ in events),
             }
         )
@@ -84,9 +78,6 @@ def measure(sweep_dir: Path) -> dict:
     startups = [t["startup_s"] for t in trials if t["startup_s"] is not None]
     not_together = [
         t["startup_s"] for t in trials if t["startup_s"] is not None and not t["starting_beside"]
-    ]
-    from_process = [
-        t["startup_from_process_s"] for t in trials if t["startup_from_process_s"] is not None
     ]
     trained = sum(t["steps_trained"] for t in trials)
     full = len(trials) * max_steps
@@ -100,7 +91,6 @@ def measure(sweep_dir: Path) -> dict:
             statistics.median(not_together) if not_together else None
         ),
         "startup_s_not_together_max": max(not_together) if not_together else None,
-        "startup_from_process_s_median": statistics.median(from_process) if from_process else None,
         "steps_trained": trained,
         "steps_without_early_stopping": full,
         "fraction_saved": 1 - trained / full if full else None,
@@ -191,14 +181,12 @@ def main() -> None:
 
     for t in result["trials"]:
         print(
-            f"{t['trial']:<40} start-up {seconds(t['startup_s']):>7} (from its process "
-            f"{seconds(t['startup_from_process_s']):>7})   {context_label(t):<28} "
+            f"{t['trial']:<40} start-up {seconds(t['startup_s']):>7}   {context_label(t):<28} "
             f"steps trained {t['steps_trained']}"
         )
     print(
         f"trial start-up (trial function start -> first step): median "
-        f"{seconds(result['startup_s_median'])}, max {seconds(result['startup_s_max'])}; from "
-        f"the trial process's start: median {seconds(result['startup_from_process_s_median'])}"
+        f"{seconds(result['startup_s_median'])}, max {seconds(result['startup_s_max'])}"
     )
     print(
         f"trials that did not start together with another: median "

@@ -78,18 +78,6 @@ TRIAL_DRIVER_CPUS = 0.1
 """CPUs reserved for a trial's own process (it only waits on its Ray Train run)."""
 
 
-def process_start_time() -> float | None:
-    """When this process was created (wall-clock seconds; None where ``/proc`` is not Linux's)."""
-    try:
-        # Field 22 of /proc/self/stat: the start time in clock ticks after boot (the fields
-        # after the parenthesised command name start at field 3); /proc/uptime: now, after boot.
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 class EvaluationRelay(TuneReportCallback):
     """Relay the training workers' reports that hold the sweep's metric to Tune.
 
@@ -226,11 +214,9 @@ def run_trial(
     config = loaded.trial_config(params, trial_number=number_of_trial_dir(name))
     run_dir = trials_dir / name
     run_dir.mkdir(parents=True, exist_ok=True)
-    # Which trial this run is, and when it (last) started, its process and this function:
-    # bench/sweep_overhead.py reads them.
-    info = {"trial_id": tune.get_context().get_trial_id(), "params": params}
-    started = {"process_started": process_start_time(), "started": time.time()}
-    (run_dir / TRIAL_FILE).write_text(json.dumps({**info, **started}, indent=2))
+    # Which trial this run is, and when it (last) started.
+    info = {"trial_id": tune.get_context().get_trial_id(), "params": params, "started": time.time()}
+    (run_dir / TRIAL_FILE).write_text(json.dumps(info, indent=2))
     run_training_job(
         config,
         output_dir=run_dir,

@@ -111,9 +111,9 @@ def test_asha_stops_a_bad_trial_a_diverging_one_fails_and_resume_runs_none_again
         assert Path(row["checkpoint"]).is_dir()
         assert list((Path(row["run_dir"]) / "tensorboard").glob("events.out.tfevents.*"))
     for row in rows:
-        # When the trial's process and its function started (bench/sweep_overhead.py).
+        # Which trial the run is, and when it started (bench/sweep_overhead.py reads it).
         info = json.loads((Path(row["run_dir"]) / "trial.json").read_text())
-        assert 0 < info["started"] - info["process_started"] < 120
+        assert info["params"] and 0 < time.time() - info["started"] < 600
 
     best = min(rows[:2], key=lambda r: float(r["val_bpd"]))
     assert float(best["lr"]) == 3e-3

@@ -9,9 +9,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from raydiff.orchestrate.training_job import run_training_job, with_absolute_data_dir
 
 from raydiff.config import ExperimentConfig, apply_overrides
+from raydiff.orchestrate.training_job import run_training_job, with_absolute_data_dir
 
 pytestmark = pytest.mark.unit
 
