@@ -1,6 +1,6 @@
 # raydiff developer entry points. `make demo` and `make test` each set the machine up first
 # (virtualenv, pinned packages, dataset) through scripts/setup.sh.
-.PHONY: setup demo sweep test coverage test-unit test-integration test-slow test-elastic test-gpu lint format bench bench-data bench-overhead bench-startup bench-sweep bench-sampling bench-gpu bench-parity data constraints config-doc
+.PHONY: setup demo sweep test coverage test-unit test-learning test-integration test-slow test-elastic test-gpu lint format bench bench-data bench-overhead bench-startup bench-sweep bench-sampling bench-gpu bench-parity data constraints config-doc
 
 
 setup:
@@ -21,8 +21,8 @@ sweep:
 # but a run where no tier selected anything fails with 5 (a mistyped -k must not pass), and under
 # CI (CI set, as .ci/run does) with no PYTEST_ARGS every tier must select tests. Under CI a tier
 # whose tests all skipped fails as well, and so does any skip in the slow tier (tests/conftest.py).
-# The unit tier runs on every core (pytest-xdist); the other tiers share one Ray cluster and run
-# in one process. Each tier lists its 25 slowest tests: where CI's time goes. `make coverage` is
+# The unit tier runs on every core (pytest-xdist); the learning tier trains in one process without
+# Ray; the integration and slow tiers share one Ray cluster and run in one process. Each tier lists its 25 slowest tests: where CI's time goes. `make coverage` is
 # `make test` that also collects raydiff's line coverage over the tiers together (pytest-cov, the
 # pytest processes only) and prints it per package at the end (scripts/coverage_by_package.py;
 # `coverage report` gives it per file). `make test` does not measure: it keeps CI's time down.
@@ -33,7 +33,7 @@ test:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m ruff check . && \
 	if [ -n "$(COV_ARGS)" ]; then "$$py" -m coverage erase; fi && \
 	case "$${CI:-}" in ""|0|false|no) ci=0;; *) ci=1;; esac && \
-	ran=0 && for tier in unit integration slow; do \
+	ran=0 && for tier in unit learning integration slow; do \
 	  echo "== pytest -m $$tier"; \
 	  if [ $$tier = unit ]; then par="-n auto"; else par=""; fi; \
 	  "$$py" -m pytest -m $$tier $$par --durations=25 $(COV_ARGS) $(PYTEST_ARGS); rc=$$?; \
@@ -47,6 +47,9 @@ test:
 
 test-unit:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m unit -n auto $(PYTEST_ARGS)
+
+test-learning:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m learning $(PYTEST_ARGS)
 
 test-integration:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m integration $(PYTEST_ARGS)

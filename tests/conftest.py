@@ -1,7 +1,9 @@
-"""Test tiers by directory: tests/unit -> unit, tests/integration -> integration, tests/e2e -> slow,
+"""Test tiers by directory: tests/unit -> unit, tests/learning -> learning (models that must learn
+on the real dataset, in one process: no Ray), tests/integration -> integration, tests/e2e -> slow,
 tests/gpu -> gpu.
 
-Select a tier with ``-m unit`` / ``-m integration`` / ``-m slow`` / ``-m gpu`` / ``-m elastic``
+Select a tier with ``-m unit`` / ``-m learning`` / ``-m integration`` / ``-m slow`` / ``-m gpu`` /
+``-m elastic``
 (tests/integration/test_elastic.py: elastic and preemptible training on a multi-node cluster). The gpu tier is
 skipped on a machine without CUDA.
 
@@ -19,7 +21,13 @@ from pathlib import Path
 
 import pytest
 
-_TIERS = {"unit": "unit", "integration": "integration", "e2e": "slow", "gpu": "gpu"}
+_TIERS = {
+    "unit": "unit",
+    "learning": "learning",
+    "integration": "integration",
+    "e2e": "slow",
+    "gpu": "gpu",
+}
 # Modules of a directory's tier that form a tier of their own (minutes long: not in make test).
 _OWN_TIERS = {"test_elastic.py": "elastic"}
 
