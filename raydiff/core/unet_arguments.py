@@ -69,6 +69,43 @@ def check_unet_architecture(
 
     :raises UNetArgumentError: naming the first bad argument, its value and what would be valid.
     """
+    _check_sizes(
+        in_channels=in_channels,
+        model_channels=model_channels,
+        out_channels=out_channels,
+        num_res_blocks=num_res_blocks,
+        dims=dims,
+        dropout=dropout,
+        channel_mult=channel_mult,
+    )
+    _check_levels(
+        image_size=image_size,
+        model_channels=model_channels,
+        channel_mult=channel_mult,
+        attention_resolutions=attention_resolutions,
+    )
+    _check_heads(
+        model_channels=model_channels,
+        channel_mult=channel_mult,
+        attention_resolutions=attention_resolutions,
+        num_heads=num_heads,
+        num_head_channels=num_head_channels,
+        num_heads_upsample=num_heads_upsample,
+        with_decoder=with_decoder,
+    )
+
+
+def _check_sizes(
+    *,
+    in_channels: int,
+    model_channels: int,
+    out_channels: int,
+    num_res_blocks: int,
+    dims: int,
+    dropout: float,
+    channel_mult: Sequence[float],
+) -> None:
+    """The scalar arguments: positive channel counts, block count, dims, dropout."""
     for name, value in (
         ("in_channels", in_channels),
         ("model_channels", model_channels),
@@ -94,6 +131,16 @@ def check_unet_architecture(
     if len(channel_mult) == 0:
         raise UNetArgumentError("channel_mult", channel_mult, "must list at least one multiplier")
 
+
+def _check_levels(
+    *,
+    image_size: int | None,
+    model_channels: int,
+    channel_mult: Sequence[float],
+    attention_resolutions: Collection[int],
+) -> None:
+    """Each level's channels fit GroupNorm, the image halves at every level, and attention sits
+    at one of the levels' downsample rates."""
     for level, mult in enumerate(channel_mult):
         channels = int(mult * model_channels)
         if channels < NUM_NORM_GROUPS or channels % NUM_NORM_GROUPS != 0:
@@ -132,7 +179,18 @@ def check_unet_architecture(
                 item=rate,
             )
 
-    # Every attention layer must split its channels evenly into heads.
+
+def _check_heads(
+    *,
+    model_channels: int,
+    channel_mult: Sequence[float],
+    attention_resolutions: Collection[int],
+    num_heads: int,
+    num_head_channels: int,
+    num_heads_upsample: int,
+    with_decoder: bool,
+) -> None:
+    """Every attention layer splits its channels evenly into heads."""
     has_attention = _attention_levels(channel_mult, attention_resolutions)
     down_channels = [
         int(m * model_channels) for m, a in zip(channel_mult, has_attention, strict=True) if a
