@@ -25,6 +25,7 @@ from raydiff.cli.exit_codes import (
 )
 from raydiff.errors import ConfigError, RunFailedError, RunInterruptedError, UserInputError
 from raydiff.orchestrate.driver_signals import StopSignal, sigterm_as_ctrl_c
+from raydiff.orchestrate.ray_session import skip_ray_noise
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    skip_ray_noise()  # before any command imports Ray, which reads it then
     stopped = StopSignal()  # replaced by the one of the block below
     try:
         # Until a command joins Ray (whose ray.init installs a handler of its own; the commands

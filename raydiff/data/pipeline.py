@@ -110,6 +110,23 @@ def build_datasets(
     )
     manifest.check_split(config.train_split, setting="data.train_split")
     cached = cached or {}
+    # Validation first, as in cache_splits (_decode_val_first says why).
+    val = None
+    if config.val_split and config.val_split in manifest.splits:
+        val = build_split(
+            manifest,
+            split=config.val_split,
+            config=config,
+            train=False,
+            cached=cached.get(config.val_split),
+        )
+    elif config.val_split:
+        logger.warning(
+            "no %r split in %s: validation is off (splits: %s)",
+            config.val_split,
+            manifest.root,
+            ", ".join(manifest.splits),
+        )
     train = cached.get(config.train_split)
     if train is None and _cacheable(manifest, config.train_split, config):
         train = CachedSplit.from_dataset(
@@ -126,21 +143,8 @@ def build_datasets(
             epoch_offset=epoch_offset,
         )
     }
-    if config.val_split and config.val_split in manifest.splits:
-        datasets["val"] = build_split(
-            manifest,
-            split=config.val_split,
-            config=config,
-            train=False,
-            cached=cached.get(config.val_split),
-        )
-    elif config.val_split:
-        logger.warning(
-            "no %r split in %s: validation is off (splits: %s)",
-            config.val_split,
-            manifest.root,
-            ", ".join(manifest.splits),
-        )
+    if val is not None:
+        datasets["val"] = val
     return datasets
 
 
@@ -151,12 +155,24 @@ def cache_splits(
     into the object store: pass them to :func:`build_datasets` (``cached=``) of every run that
     reads the same dataset. Their owner (this process) must outlive those runs."""
     cached: dict[str, ray.data.Dataset | CachedSplit] = {}
-    for split in [config.train_split, *([config.val_split] if config.val_split else [])]:
+    for split in _decode_val_first(config):
         if split in manifest.splits and _cacheable(manifest, split, config):
             decoded = _decode(manifest, split=split, config=config, file_shuffle=None)
             train = split == config.train_split
             cached[split] = CachedSplit.from_dataset(decoded) if train else decoded.materialize()
     return cached
+
+
+def _decode_val_first(config: DataConfig) -> list[str]:
+    """The splits a run reads, in the order the driver decodes them: validation first.
+
+    The training split's cache ends in conversion tasks (``CachedSplit.from_dataset``) that
+    run on after it returns, outside Ray Data's resource limits, on every CPU of a small
+    cluster; a dataset executed right then has Ray Data warn that the cluster "does not have
+    any available CPUs" and "will hang" (it does not). Decoded first, the small validation
+    split starts on an idle cluster, and nothing in the driver executes a dataset after the
+    training split's."""
+    return [*([config.val_split] if config.val_split else []), config.train_split]
 
 
 def _cacheable(manifest: Manifest, split: str, config: DataConfig) -> bool:

@@ -18,10 +18,19 @@ keep:
 - the job's ``worker_process_setup_hook`` (a documented ``runtime_env`` field) runs
   :func:`quiet_ray_worker` in every Ray worker: deprecation and future warnings raised inside
   Ray's own modules are ignored there, and the worker's cluster lookups are pinned to its own
-  cluster (:func:`pin_ray_address`).
+  cluster (:func:`pin_ray_address`);
+- the lines of :data:`RAY_NOISE` (Ray's, with nothing in them for the user to act on): the
+  command line sets Ray's documented ``RAY_DEDUP_LOGS_SKIP_REGEX`` before Ray is imported
+  (:func:`skip_ray_noise`), so the driver does not print them when Ray's workers write them, and
+  :func:`quiet_ray_console` filters them out of the driver's own Ray Data console handler;
+- the driver's ``tensorboardX`` logger at WARNING (:func:`quiet_ray_console`): Tune's
+  TensorBoard callback writes every reported metric, and tensorboardX announces at INFO each
+  name it renames (``val_acc@1`` -> ``val_acc_1``, ``ray/tune/...`` events under the sweep's
+  ``tune/``). raydiff's own TensorBoard events (the run's ``tensorboard/``) are not affected.
 
 Errors are untouched: a failing worker's traceback still comes back in the exception
-``fit()`` raises, and WARNING/ERROR records of Ray Train and Ray Data still print.
+``fit()`` raises, and WARNING/ERROR records of Ray Train and Ray Data still print, Ray's
+ERROR lines from its workers (``core_worker.cc``) included, but for the one of :data:`RAY_NOISE`.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import warnings
 from typing import Any
@@ -38,6 +48,20 @@ logger = logging.getLogger(__name__)
 
 QUIET_HOOK = f"{__name__}.quiet_ray_worker"
 VERBOSE_HOOK = f"{__name__}.pin_ray_address"
+
+# Ray's console lines that a quiet run leaves out, as regular expressions over a line's text;
+# each says nothing its reader can act on. `raydiff -v` prints them.
+RAY_NOISE = (
+    # Ray Data, once in every process that runs a dataset with progress bars off: raydiff turns
+    # them off (its own step lines say how far a run is), so the notice comes from the driver and
+    # from every training worker.
+    r"Progress bars disabled\. To enable, set",
+    # Ray Core at ERROR, from every Ray Train controller: Train's own PreemptionWatcher actor is
+    # restartable and takes the workers' actor handles as arguments (which Ray keeps in the
+    # object store). Nothing in raydiff creates it; ray.train.get_preemption_info needs it.
+    r"Actor with class name: 'PreemptionWatcher' .*has constructor arguments in the object store",
+)
+SKIP_REGEX_VARIABLE = "RAY_DEDUP_LOGS_SKIP_REGEX"
 
 
 def verbose() -> bool:
@@ -140,6 +164,30 @@ def train_log_level() -> str:
     return "INFO" if verbose() else "WARNING"
 
 
+def skip_ray_noise() -> None:
+    """Have this process's Ray leave :data:`RAY_NOISE` out when it prints its workers' output.
+
+    Through ``RAY_DEDUP_LOGS_SKIP_REGEX`` (documented under Ray's log deduplication), which Ray
+    reads when it is imported: the command line calls this first, and where Ray is imported
+    already it does nothing. A pattern the user set is kept, ours added to it. ``raydiff -v``
+    (or ``RAY_DEDUP_LOGS=0``, which turns Ray's deduplication off) leaves the lines in.
+    """
+    if verbose() or "ray" in sys.modules:
+        return
+    ours = "|".join(RAY_NOISE)
+    theirs = os.environ.get(SKIP_REGEX_VARIABLE)
+    os.environ[SKIP_REGEX_VARIABLE] = f"{theirs}|{ours}" if theirs else ours
+
+
+class RayNoiseFilter(logging.Filter):
+    """Drops the records of :data:`RAY_NOISE` (a filter for a console handler)."""
+
+    pattern = re.compile("|".join(RAY_NOISE))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.search(record.getMessage())
+
+
 def quiet_ray_console() -> None:
     """Keep Ray's own INFO lines and deprecation notices off this process's console.
 
@@ -148,15 +196,28 @@ def quiet_ray_console() -> None:
     """
     if verbose():
         return
-    names = ["ray", "ray.tune"]
-    # Ray Data sets its logger's level when it is imported: once loaded (Ray Train and Tune
-    # load it) it can be set. Not imported here for that: a second of start-up for a driver
-    # that reads no dataset.
+    # tensorboardX: Tune's TensorBoard callback in this process (the module docstring).
+    names = ["ray", "ray.tune", "tensorboardX"]
+    # Ray Data sets its logger's level and handlers when it is imported: once loaded (Ray Train
+    # and Tune load it) they can be set. Not imported here for that: a second of start-up for a
+    # driver that reads no dataset.
     if "ray.data" in sys.modules:
         names.append("ray.data")
+        filter_ray_data_console()
     for name in names:
         logging.getLogger(name).setLevel(logging.WARNING)
     ignore_ray_deprecations()
+
+
+def filter_ray_data_console() -> None:
+    """:class:`RayNoiseFilter` on the console handlers of the ``ray.data`` logger (which does
+    not propagate), once each; its log file (``ray-data.log``) keeps every line."""
+    for handler in logging.getLogger("ray.data").handlers:
+        console = isinstance(handler, logging.StreamHandler) and not isinstance(
+            handler, logging.FileHandler
+        )
+        if console and not any(isinstance(f, RayNoiseFilter) for f in handler.filters):
+            handler.addFilter(RayNoiseFilter())
 
 
 def pin_ray_address() -> None:
