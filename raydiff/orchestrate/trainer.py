@@ -181,7 +181,13 @@ def _train_on_ray(
             resume_checkpoint=start.checkpoint,
         )
     trainer = _torch_trainer(
-        config, out=out, start=start, actor_key=actor_key, datasets=datasets, callbacks=callbacks
+        config,
+        out=out,
+        start=start,
+        actor_key=actor_key,
+        datasets=datasets,
+        num_val_images=num_val_images(config, manifest=manifest) if "val" in datasets else 0,
+        callbacks=callbacks,
     )
     max_failures = config.scaling.max_failures
     stopped = StopSignal()
@@ -262,6 +268,12 @@ def _datasets(
     return datasets
 
 
+def num_val_images(config: ExperimentConfig, *, manifest: Manifest) -> int:
+    """The validation images a run evaluates: the first ``train.eval_num_images`` of the val
+    split, all of it when it holds fewer (said once, at the start, by the loop)."""
+    return min(config.train.eval_num_images, manifest.splits[config.data.val_split].num_rows)
+
+
 def _torch_trainer(
     config: ExperimentConfig,
     *,
@@ -269,6 +281,7 @@ def _torch_trainer(
     start: StartPoint,
     actor_key: str,
     datasets: dict[str, Any],
+    num_val_images: int,
     callbacks: list[Any],
 ) -> ray.train.torch.TorchTrainer:
     """Ray Train's ``TorchTrainer`` for the run: Ray's ``TorchConfig`` sets up the process group
@@ -296,6 +309,7 @@ def _torch_trainer(
             # wrote).
             "resume": start.checkpoint,
             "datasets": sorted(ray_datasets),
+            "num_val_images": num_val_images,
             "cached_train": cached_train,  # its blocks' references: each node maps them once
             "verbose": verbose(),
         },

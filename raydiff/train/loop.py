@@ -42,7 +42,7 @@ from raydiff.train.task import Batch, TaskFactory
 from raydiff.train.tasks import task_of_config
 from raydiff.train.throughput_window import ThroughputWindow
 from raydiff.train.trainer import RanksOutOfSyncError, StepResult
-from raydiff.train.validation import weights_swapped
+from raydiff.train.validation import rank_rows, weights_swapped
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +145,14 @@ class TrainingLoop:
         self.window = ThroughputWindow(self.train.batch_size)
         self.run_start, self.start_step = time.perf_counter(), self.trainer.step
         self.raw_model.train()
+        asked, held = self.train.eval_num_images, self.runtime.num_val_images
+        if self.runtime.is_main and 0 < held < asked:
+            logger.info(
+                "validation uses the val split's %d images (train.eval_num_images=%d asks for "
+                "more)",
+                held,
+                asked,
+            )
 
     # ------------------------------------------------------------------ one step
 
@@ -228,8 +236,14 @@ class TrainingLoop:
         """The task's validation of the evaluation (EMA) weights: every rank its share of the
         images, the totals summed over ranks (a collective)."""
         train, runtime = self.train, self.runtime
-        per_rank = max(1, train.eval_num_images // runtime.world_size)
-        val = runtime.val_batches(num_images=per_rank, batch_size=min(per_rank, VAL_BATCH_SIZE))
+        rows = rank_rows(
+            min(train.eval_num_images, runtime.num_val_images),
+            rank=runtime.rank,
+            world_size=runtime.world_size,
+        )
+        val = runtime.val_batches(rows=rows, batch_size=VAL_BATCH_SIZE)
+        # A rank without rows still evaluates (its task's zero totals): every rank takes part
+        # in the sum, with the same keys.
         with torch.no_grad(), weights_swapped(self.raw_model, self.trainer.eval_weights()):
             totals = self.task.evaluate(
                 self.raw_model, val, seed=derive_seed(train.seed, "val-noise", runtime.rank)
