@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     import ray.train
     import ray.train.torch
 
+    from raydiff.train.task import TaskFactory
+
 logger = logging.getLogger(__name__)
 
 
@@ -95,6 +97,7 @@ def run_training_job(
     show_data_progress: bool = False,
     callbacks: list[Any] | None = None,
     cached_splits: dict[str, Any] | None = None,
+    make_task: TaskFactory | None = None,
 ) -> dict[str, Any]:
     """Train ``config`` with Ray Train; returns rank 0's final metrics plus the checkpoint path.
 
@@ -104,7 +107,8 @@ def run_training_job(
     Ray cluster to join (:func:`ensure_ray`). ``callbacks``: Ray Train ``UserCallback``s
     (a sweep trial relays its reports to Tune with one). ``cached_splits``: the dataset's splits
     already decoded into the object store (``raydiff.data.pipeline.cache_splits``; a sweep
-    decodes once for all its trials).
+    decodes once for all its trials). ``make_task``: the workers' task factory (pickled to
+    them; default the task ``train.task`` names, ``raydiff.train.tasks.task_of_config``).
     """
     # Every check runs before Ray is even imported: a bad config must not start a cluster.
     config.data.data_dir = absolute_uri(config.data.data_dir)  # workers chdir into their run folder
@@ -137,6 +141,7 @@ def run_training_job(
             show_data_progress=show_data_progress,
             callbacks=callbacks,
             cached_splits=cached_splits,
+            make_task=make_task,
         )
 
 
@@ -150,6 +155,7 @@ def _train_on_ray(
     show_data_progress: bool,
     callbacks: list[Any] | None,
     cached_splits: dict[str, Any] | None,
+    make_task: TaskFactory | None,
 ) -> dict[str, Any]:
     """:func:`run_training_job` once its checks passed and it holds the run folder."""
     import ray
@@ -188,6 +194,7 @@ def _train_on_ray(
         datasets=datasets,
         num_val_images=num_val_images(config, manifest=manifest) if "val" in datasets else 0,
         callbacks=callbacks,
+        make_task=make_task,
     )
     max_failures = config.scaling.max_failures
     stopped = StopSignal()
@@ -283,6 +290,7 @@ def _torch_trainer(
     datasets: dict[str, Any],
     num_val_images: int,
     callbacks: list[Any],
+    make_task: TaskFactory | None,
 ) -> ray.train.torch.TorchTrainer:
     """Ray Train's ``TorchTrainer`` for the run: Ray's ``TorchConfig`` sets up the process group
     (gloo on CPU, NCCL with ``scaling.use_gpu``, each worker on its own GPU)."""
@@ -310,6 +318,7 @@ def _torch_trainer(
             "resume": start.checkpoint,
             "datasets": sorted(ray_datasets),
             "num_val_images": num_val_images,
+            "make_task": make_task,
             "cached_train": cached_train,  # its blocks' references: each node maps them once
             "verbose": verbose(),
         },

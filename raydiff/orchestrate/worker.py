@@ -29,7 +29,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     loss-history actor), ``output_dir``, ``resume`` (the checkpoint to start from when Ray Train has
     none of its own for this run; both local paths, or ``raydiff.storage.RemotePath`` s that
     carry their filesystem), ``datasets`` (the names of the datasets passed to Train),
-    ``num_val_images`` (the val rows the workers evaluate, 0 without a val split),
+    ``num_val_images`` (the val rows the workers evaluate, 0 without a val split), ``make_task``
+    (the task factory, None for the one ``train.task`` names),
     ``cached_train`` (the training split as a ``raydiff.data.cached_split.CachedSplit``, or None
     when it is streamed through Train's ``datasets``) and ``verbose`` (``raydiff -v``: Ray's console output as Ray makes it).
     """
@@ -38,6 +39,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         request_shard_early("train")
     from raydiff.orchestrate.ray_runtime import RayRuntime  # the model's modules: seconds
     from raydiff.train.loop import run_loop
+    from raydiff.train.tasks import task_of_config
 
     context = ray.train.get_context()
     runtime = RayRuntime(
@@ -51,7 +53,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         cached_train=loop_config["cached_train"],
     )
     _configure_logging(runtime.rank, verbose=loop_config["verbose"])
-    return run_loop(config, runtime=runtime, output_dir=runtime.output_dir)
+    make_task = loop_config["make_task"] or task_of_config
+    return run_loop(config, runtime=runtime, output_dir=runtime.output_dir, make_task=make_task)
 
 
 def request_shard_early(name: str) -> None:
