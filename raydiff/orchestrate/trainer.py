@@ -161,8 +161,10 @@ def _train_on_ray(
     import ray
     import ray.train
 
+    from raydiff.orchestrate.repeated_failure import StopRepeatedFailure
+
     _start_session(config, address=address, show_data_progress=show_data_progress)
-    callbacks = list(callbacks or [])
+    callbacks = [*(callbacks or []), StopRepeatedFailure()]
     evaluator = None
     if config.evaluation.every_checkpoint:
         from raydiff.orchestrate.checkpoint_eval import (
@@ -366,7 +368,18 @@ def run_failed_error(
 ) -> RunFailedError:
     """What a user is told when Ray Train gives up on a run (``fit()`` raised
     ``ray.train.TrainingFailedError``): what failed, after how many restarts, the last complete
-    checkpoint the run left, and how to continue from it."""
+    checkpoint the run left, and how to continue from it. A failure that recurred after a
+    restart (``raydiff.orchestrate.repeated_failure``) is said as such, restarts left or not."""
+    from raydiff.train.failure import RepeatedFailureError
+
+    # ray.train.ControllerError's failure: the controller ran StopRepeatedFailure's check.
+    repeated = getattr(error, "controller_failure", None)
+    if isinstance(repeated, RepeatedFailureError):
+        return RunFailedError(
+            f"training stopped (scaling.max_failures={max_failures}): {repeated}. "
+            f"{where_it_stands(run_dir)} once the cause is fixed (Ray's logs of the failure: "
+            "raydiff -v, or the cluster's logs/ folder)"
+        )
     import ray.train
 
     if isinstance(error, ray.train.WorkerGroupError):

@@ -34,6 +34,7 @@ from raydiff.storage import RemotePath
 from raydiff.train.build import build_trainer
 from raydiff.train.checkpoint import load_checkpoint
 from raydiff.train.data_position import DataPosition
+from raydiff.train.failure import note_step
 from raydiff.train.metric_accumulator import MetricAccumulator
 from raydiff.train.progress import format_eta, progress_fields
 from raydiff.train.run_files import RunFiles
@@ -87,6 +88,17 @@ class TrainingLoop:
         self.last_report: dict[str, Any] = {}
 
     def run(self) -> dict[str, Any]:
+        self.at_step = 0  # the step in progress (0: building)
+        try:
+            return self.run_steps()
+        except Exception as error:
+            # Where it failed: a restarted worker group that fails the same way at the same
+            # step stops the run (raydiff.train.failure).
+            note_step(error, step=self.at_step)
+            raise
+
+    def run_steps(self) -> dict[str, Any]:
+        """Build, then train step by step until ``train.max_steps``."""
         self.build()
         if self.trainer.step >= self.train.max_steps:
             logger.warning(
@@ -96,8 +108,10 @@ class TrainingLoop:
                 self.train.max_steps,
             )
             return {"step": self.trainer.step}
+        self.at_step = self.trainer.step + 1
         self.start()
         while self.trainer.step < self.train.max_steps:
+            self.at_step = self.trainer.step + 1
             epoch, result = self.train_step()
             self.after_step(epoch, result)
         if self.files is not None:
