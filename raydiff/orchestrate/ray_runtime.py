@@ -55,7 +55,7 @@ class RayRuntime:
         actor_key: str,
         output_dir: StoragePath,
         resume: StoragePath | None,
-        has_val: bool,
+        num_val_images: int,
         cached_train: CachedSplit | None = None,
     ) -> None:
         self.config = config
@@ -64,7 +64,7 @@ class RayRuntime:
         self.actor_key = actor_key
         self.output_dir = output_dir
         self.resume = resume
-        self.has_val = has_val
+        self.num_val_images = num_val_images
         self.device = ray.train.torch.get_device()
         self.sampler: ScheduleSampler | None = None
         # The dashboard's / Prometheus' view of the run (Ray's metrics), tagged with the Ray Train
@@ -145,12 +145,12 @@ class RayRuntime:
             skip_batches=position.batches,
         )
 
-    def val_batches(self, *, num_images: int, batch_size: int) -> ValBatches:
-        """This rank's slice of the first ``eval_num_images`` validation rows. The driver limits
-        the val dataset to those rows and does not split it: every rank reads them all, in order,
-        and keeps its own ``num_images`` (the same images at every evaluation)."""
-        if not self.has_val:
-            return []
+    def val_batches(self, *, rows: range, batch_size: int) -> ValBatches:
+        """``rows`` of the first ``eval_num_images`` validation rows. The driver limits the val
+        dataset to those rows and does not split it: every rank reads them all, in order, and
+        keeps its own ``rows`` (the same images at every evaluation)."""
+        if not self.num_val_images or not rows:
+            return []  # a rank with no rows to evaluate need not read the split
         batches = iterate_batches(
             ray.train.get_dataset_shard("val"),
             batch_size=batch_size,
@@ -160,9 +160,7 @@ class RayRuntime:
         )
         return [
             (x.to(self.device), {k: v.to(self.device) for k, v in cond.items()})
-            for x, cond in rank_slice(
-                (batch for _, batch in batches), rank=self.rank, rows_per_rank=num_images
-            )
+            for x, cond in rank_slice((batch for _, batch in batches), rows=rows)
         ]
 
     def all_reduce_sum(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

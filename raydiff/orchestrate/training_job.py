@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     import ray.train
     import ray.train.torch
 
+    from raydiff.train.task import TaskFactory
+
 logger = logging.getLogger(__name__)
 
 
@@ -108,6 +110,7 @@ def run_training_job(
     show_data_progress: bool = False,
     callbacks: list[Any] | None = None,
     cached_splits: dict[str, Any] | None = None,
+    make_task: TaskFactory | None = None,
 ) -> dict[str, Any]:
     """Train ``config`` with Ray Train; returns rank 0's final metrics plus the checkpoint path.
 
@@ -117,7 +120,8 @@ def run_training_job(
     Ray cluster to join (:func:`ensure_ray`). ``callbacks``: Ray Train ``UserCallback``s
     (a sweep trial relays its reports to Tune with one). ``cached_splits``: the dataset's splits
     already decoded into the object store (``raydiff.data.pipeline.cache_splits``; a sweep
-    decodes once for all its trials).
+    decodes once for all its trials). ``make_task``: the workers' task factory (pickled to
+    them; default the task ``train.task`` names, ``raydiff.train.tasks.task_of_config``).
     """
     # Every check runs before Ray is even imported: a bad config must not start a cluster.
     config = with_absolute_data_dir(config)  # workers chdir into their run folder
@@ -149,6 +153,7 @@ def run_training_job(
             show_data_progress=show_data_progress,
             callbacks=callbacks,
             cached_splits=cached_splits,
+            make_task=make_task,
         )
 
 
@@ -162,13 +167,16 @@ def _train_on_ray(
     show_data_progress: bool,
     callbacks: list[Any] | None,
     cached_splits: dict[str, Any] | None,
+    make_task: TaskFactory | None,
 ) -> dict[str, Any]:
     """:func:`run_training_job` once its checks passed and it holds the run folder."""
     import ray
     import ray.train
 
+    from raydiff.orchestrate.repeated_failure import StopRepeatedFailure
+
     _start_session(config, address=address, show_data_progress=show_data_progress)
-    callbacks = list(callbacks or [])
+    callbacks = [*(callbacks or []), StopRepeatedFailure()]
     evaluator = None
     if config.evaluation.every_checkpoint:
         from raydiff.orchestrate.checkpoint_eval import (
@@ -193,7 +201,14 @@ def _train_on_ray(
             resume_checkpoint=start.checkpoint,
         )
     trainer = _torch_trainer(
-        config, out=out, start=start, actor_key=actor_key, datasets=datasets, callbacks=callbacks
+        config,
+        out=out,
+        start=start,
+        actor_key=actor_key,
+        datasets=datasets,
+        num_val_images=num_val_images(config, manifest=manifest) if "val" in datasets else 0,
+        callbacks=callbacks,
+        make_task=make_task,
     )
     max_failures = config.scaling.max_failures
     stopped = StopSignal()
@@ -274,6 +289,12 @@ def _datasets(
     return datasets
 
 
+def num_val_images(config: ExperimentConfig, *, manifest: Manifest) -> int:
+    """The validation images a run evaluates: the first ``train.eval_num_images`` of the val
+    split, all of it when it holds fewer (said once, at the start, by the loop)."""
+    return min(config.train.eval_num_images, manifest.splits[config.data.val_split].num_rows)
+
+
 def _torch_trainer(
     config: ExperimentConfig,
     *,
@@ -281,7 +302,9 @@ def _torch_trainer(
     start: StartPoint,
     actor_key: str,
     datasets: dict[str, Any],
+    num_val_images: int,
     callbacks: list[Any],
+    make_task: TaskFactory | None,
 ) -> ray.train.torch.TorchTrainer:
     """Ray Train's ``TorchTrainer`` for the run: Ray's ``TorchConfig`` sets up the process group
     (gloo on CPU, NCCL with ``scaling.use_gpu``, each worker on its own GPU)."""
@@ -308,6 +331,8 @@ def _torch_trainer(
             # wrote).
             "resume": start.checkpoint,
             "datasets": sorted(ray_datasets),
+            "num_val_images": num_val_images,
+            "make_task": make_task,
             "cached_train": cached_train,  # its blocks' references: each node maps them once
             "verbose": verbose(),
         },
@@ -355,7 +380,18 @@ def run_failed_error(
 ) -> RunFailedError:
     """What a user is told when Ray Train gives up on a run (``fit()`` raised
     ``ray.train.TrainingFailedError``): what failed, after how many restarts, the last complete
-    checkpoint the run left, and how to continue from it."""
+    checkpoint the run left, and how to continue from it. A failure that recurred after a
+    restart (``raydiff.orchestrate.repeated_failure``) is said as such, restarts left or not."""
+    from raydiff.train.failure import RepeatedFailureError
+
+    # ray.train.ControllerError's failure: the controller ran StopRepeatedFailure's check.
+    repeated = getattr(error, "controller_failure", None)
+    if isinstance(repeated, RepeatedFailureError):
+        return RunFailedError(
+            f"training stopped (scaling.max_failures={max_failures}): {repeated}. "
+            f"{where_it_stands(run_dir)} once the cause is fixed (Ray's logs of the failure: "
+            "raydiff -v, or the cluster's logs/ folder)"
+        )
     import ray.train
 
     if isinstance(error, ray.train.WorkerGroupError):

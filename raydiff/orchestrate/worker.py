@@ -29,6 +29,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     loss-history actor), ``output_dir``, ``resume`` (the checkpoint to start from when Ray Train has
     none of its own for this run; both local paths, or ``raydiff.storage.RemotePath`` s that
     carry their filesystem), ``datasets`` (the names of the datasets passed to Train),
+    ``num_val_images`` (the val rows the workers evaluate, 0 without a val split), ``make_task``
+    (the task factory, None for the one ``train.task`` names),
     ``cached_train`` (the training split as a ``raydiff.data.cached_split.CachedSplit``, or None
     when it is streamed through Train's ``datasets``) and ``verbose`` (``raydiff -v``: Ray's console output as Ray makes it).
     """
@@ -37,6 +39,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         request_shard_early("train")
     from raydiff.orchestrate.ray_runtime import RayRuntime  # the model's modules: seconds
     from raydiff.train.loop import run_loop
+    from raydiff.train.tasks import task_of_config
 
     context = ray.train.get_context()
     runtime = RayRuntime(
@@ -46,11 +49,12 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         actor_key=loop_config["actor_key"],
         output_dir=as_location(loop_config["output_dir"]),
         resume=as_location(loop_config["resume"]) if loop_config["resume"] else None,
-        has_val="val" in loop_config["datasets"],
+        num_val_images=loop_config["num_val_images"],
         cached_train=loop_config["cached_train"],
     )
     _configure_logging(runtime.rank, verbose=loop_config["verbose"])
-    return run_loop(config, runtime=runtime, output_dir=runtime.output_dir)
+    make_task = loop_config["make_task"] or task_of_config
+    return run_loop(config, runtime=runtime, output_dir=runtime.output_dir, make_task=make_task)
 
 
 def request_shard_early(name: str) -> None:

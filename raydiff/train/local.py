@@ -55,6 +55,7 @@ class LocalRuntime:
         self.output_dir = output_dir
         self.resume = resume
         self.images, self.labels, self.val = images, labels, val
+        self.num_val_images = 0 if val is None else len(val[0])
         self.device = device or torch.device("cpu")
         self.last_checkpoint: StoragePath | None = None
 
@@ -84,13 +85,14 @@ class LocalRuntime:
             random_flip=self.config.data.random_flip,
         )
 
-    def val_batches(self, *, num_images: int, batch_size: int) -> ValBatches:
+    def val_batches(self, *, rows: range, batch_size: int) -> ValBatches:
         if self.val is None:
             return []
         images, labels = self.val
+        stop = min(rows.stop, len(images))
         out = []
-        for start in range(0, min(len(images), num_images), batch_size):
-            end = min(start + batch_size, num_images)
+        for start in range(rows.start, stop, batch_size):
+            end = min(start + batch_size, stop)
             cond = {"y": labels[start:end].to(self.device)} if labels is not None else {}
             out.append((images[start:end].to(self.device), cond))
         return out

@@ -34,6 +34,7 @@ from raydiff.storage import StoragePath
 from raydiff.train.build import build_rank_optimizer
 from raydiff.train.checkpoint import load_checkpoint
 from raydiff.train.data_position import DataPosition
+from raydiff.train.failure import note_step
 from raydiff.train.metric_accumulator import MetricAccumulator
 from raydiff.train.progress import format_eta, headline_fields
 from raydiff.train.rank_optimizer import RanksOutOfSyncError, StepResult
@@ -42,7 +43,7 @@ from raydiff.train.runtime import Runtime
 from raydiff.train.task import Batch, TaskFactory
 from raydiff.train.tasks import task_of_config, task_spec
 from raydiff.train.throughput_window import ThroughputWindow
-from raydiff.train.validation import weights_swapped
+from raydiff.train.validation import rank_rows, weights_swapped
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,17 @@ class TrainingLoop:
         self.last_report: dict[str, Any] = {}
 
     def run(self) -> dict[str, Any]:
+        self.at_step = 0  # the step in progress (0: building)
+        try:
+            return self.run_steps()
+        except Exception as error:
+            # Where it failed: a restarted worker group that fails the same way at the same
+            # step stops the run (raydiff.train.failure).
+            note_step(error, step=self.at_step)
+            raise
+
+    def run_steps(self) -> dict[str, Any]:
+        """Build, then train step by step until ``train.max_steps``."""
         self.build()
         if self.optimizer.step >= self.train.max_steps:
             logger.warning(
@@ -97,8 +109,10 @@ class TrainingLoop:
                 self.train.max_steps,
             )
             return {"step": self.optimizer.step}
+        self.at_step = self.optimizer.step + 1
         self.start()
         while self.optimizer.step < self.train.max_steps:
+            self.at_step = self.optimizer.step + 1
             epoch, result = self.train_step()
             self.after_step(epoch, result)
         if self.files is not None:
@@ -146,6 +160,14 @@ class TrainingLoop:
         self.window = ThroughputWindow(self.train.batch_size)
         self.run_start, self.start_step = time.perf_counter(), self.optimizer.step
         self.raw_model.train()
+        asked, held = self.train.eval_num_images, self.runtime.num_val_images
+        if self.runtime.is_main and 0 < held < asked:
+            logger.info(
+                "validation uses the val split's %d images (train.eval_num_images=%d asks for "
+                "more)",
+                held,
+                asked,
+            )
 
     # ------------------------------------------------------------------ one step
 
@@ -229,8 +251,14 @@ class TrainingLoop:
         """The task's validation of the evaluation (EMA) weights: every rank its share of the
         images, the totals summed over ranks (a collective)."""
         train, runtime = self.train, self.runtime
-        per_rank = max(1, train.eval_num_images // runtime.world_size)
-        val = runtime.val_batches(num_images=per_rank, batch_size=min(per_rank, VAL_BATCH_SIZE))
+        rows = rank_rows(
+            min(train.eval_num_images, runtime.num_val_images),
+            rank=runtime.rank,
+            world_size=runtime.world_size,
+        )
+        val = runtime.val_batches(rows=rows, batch_size=VAL_BATCH_SIZE)
+        # A rank without rows still evaluates (its task's zero totals): every rank takes part
+        # in the sum, with the same keys.
         with torch.no_grad(), weights_swapped(self.raw_model, self.optimizer.eval_weights()):
             totals = self.task.evaluate(
                 self.raw_model, val, seed=derive_seed(train.seed, "val-noise", runtime.rank)

@@ -38,6 +38,9 @@ class Runtime(Protocol):
     rank: int
     world_size: int
     device: torch.device
+    num_val_images: int
+    """Validation images :meth:`val_batches` can hand out: the first rows of the val split, at
+    most ``train.eval_num_images`` (fewer when the split is smaller; 0 without a val split)."""
 
     @property
     def is_main(self) -> bool:
@@ -64,8 +67,10 @@ class Runtime(Protocol):
         """``(epoch, batch)`` of this rank forever, starting at ``position``."""
         ...
 
-    def val_batches(self, *, num_images: int, batch_size: int) -> ValBatches:
-        """Up to ``num_images`` validation images of this rank ([] without a val split)."""
+    def val_batches(self, *, rows: range, batch_size: int) -> ValBatches:
+        """Validation images ``rows`` (of the first :attr:`num_val_images`, in the split's order),
+        read ``batch_size`` at a time; rows past the last are left out ([] without a val
+        split)."""
         ...
 
     def all_reduce_sum(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -127,14 +127,27 @@ def bound_terms(
     return {"vb_sum": vb_sum, "mse_sum": mse_sum, "prior": diffusion._prior_bpd(x_start).float()}
 
 
+def rank_rows(num_images: int, *, rank: int, world_size: int) -> range:
+    """The rows of ``num_images`` validation rows that ``rank`` of ``world_size`` evaluates: one
+    contiguous part each, the parts' sizes differing by at most one, so every row is evaluated
+    once whether or not the count divides (150 rows over 2 ranks: 75 each; 3 rows over 4 ranks:
+    none on rank 0, one on each other rank)."""
+    if num_images < 0 or not 0 <= rank < world_size:
+        raise ValueError(
+            f"rank_rows of {num_images} images for rank {rank} of {world_size}: the count must "
+            "be >= 0 and the rank in [0, world_size)"
+        )
+    return range(rank * num_images // world_size, (rank + 1) * num_images // world_size)
+
+
 def rank_slice(
-    batches: Iterable[dict[str, torch.Tensor]], *, rank: int, rows_per_rank: int
+    batches: Iterable[dict[str, torch.Tensor]], *, rows: range
 ) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
-    """Rows ``[rank * rows_per_rank, (rank + 1) * rows_per_rank)`` of ``batches`` (dicts with
-    ``x`` and, class-conditional, ``y``) as ``(x, cond)``: every rank reads the same rows in the
-    same order and keeps its own slice, so the images evaluated are the same for any worker count.
+    """Rows ``rows`` (a step-1 range, e.g. :func:`rank_rows`) of ``batches`` (dicts with ``x``
+    and, class-conditional, ``y``) as ``(x, cond)``: every rank reads the same rows in the same
+    order and keeps its own slice, so the images evaluated are the same for any worker count.
     Every batch is consumed (a reader stopped early would leave its pipeline running)."""
-    start, stop = rank * rows_per_rank, (rank + 1) * rows_per_rank
+    start, stop = rows.start, rows.stop
     seen = 0
     for batch in batches:
         size = batch["x"].shape[0]

@@ -164,7 +164,7 @@ def fashion_mnist_16px(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class NoValImages:
     """A runtime without a val split, for building a task outside a run (no preview)."""
 
-    def val_batches(self, *, num_images: int, batch_size: int) -> list:
+    def val_batches(self, *, rows: range, batch_size: int) -> list:
         return []
 
 

@@ -95,6 +95,23 @@ def test_clean_classifier_sees_t_zero_and_evaluation_counts_add_up() -> None:
     assert 0 <= metrics["val_acc@1"] <= metrics["val_acc@5"] <= 1
 
 
+@pytest.mark.parametrize("noised", ["true", "false"])
+def test_evaluating_no_images_gives_every_total_zero(noised: str) -> None:
+    """A rank without val images (fewer images than workers) sums the same keys as a rank
+    with some: the all-reduce packs the keys of every rank alike."""
+    torch.manual_seed(0)
+    task = ClassifierTask.from_config(classifier_config(f"classifier.noised={noised}"))
+    val = [(torch.rand(3, 1, 16, 16) * 2 - 1, {"y": torch.tensor([0, 1, 2])})]
+    with torch.no_grad():
+        some = task.evaluate(task.model.eval(), val, seed=1)
+        none = task.evaluate(task.model, [], seed=1)
+    assert sorted(none) == sorted(some) == sorted(task.total_names())
+    assert all(float(v) == 0 for v in none.values())
+    assert float(some["count"]) == 3
+    summed = {k: some[k] + none[k] for k in some}  # what two ranks' totals sum to
+    assert task.evaluation_metrics(summed) == task.evaluation_metrics(some)
+
+
 def test_classifier_config_derivation_and_refusals() -> None:
     config = classifier_config()
     # It trains on labels: the model section's class_cond (and the data's) follow the task.

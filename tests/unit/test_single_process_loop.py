@@ -224,6 +224,65 @@ def test_ranks_with_different_weights_stop_the_run_before_it_checkpoints(tmp_pat
     assert not list(tmp_path.glob("checkpoint_*"))
 
 
+class RankOfFour(LocalRuntime):
+    """Rank ``rank`` of 4 with 3 val images (fewer than ranks, fewer than eval_num_images):
+    records the val rows the loop asks for and the keys it sums (the other ranks' totals are
+    taken to be zero)."""
+
+    world_size = 4
+
+    def __init__(self, *args, rank: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rank, self.is_main = rank, rank == 0
+        self.rows: list[range] = []
+        self.summed: list[list[str]] = []
+
+    def val_batches(self, *, rows: range, batch_size: int):
+        self.rows.append(rows)
+        return super().val_batches(rows=rows, batch_size=batch_size)
+
+    def all_reduce_sum(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if "weights" in values:  # the checkpoint's fingerprints: every rank holds these weights
+            return {"weights": values["weights"][self.rank].repeat(self.world_size, 1)}
+        self.summed.append(sorted(values))
+        return values
+
+
+def test_every_rank_evaluates_its_share_of_a_small_val_split_and_sums_the_same_keys(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """3 val images, train.eval_num_images=10, 4 ranks: ranks 1-3 evaluate one image each,
+    rank 0 none, and every rank sums the same keys; the main rank says once that validation
+    uses the 3 images."""
+    config = apply_overrides(tiny_config(1), ["train.eval_num_images=10"])
+    runtimes = []
+    for rank in range(4):
+        runtime = RankOfFour(
+            config,
+            output_dir=tmp_path / f"rank{rank}",
+            resume=None,
+            images=images(),
+            labels=None,
+            val=(images()[:3], None),
+            rank=rank,
+        )
+        with caplog.at_level("INFO", logger="raydiff.train.loop"):
+            metrics = run_loop(config, runtime=runtime, output_dir=runtime.output_dir)
+        assert ("val_bpd" in metrics) == (rank > 0), (rank, metrics)
+        runtimes.append(runtime)
+    assert [r.rows for r in runtimes] == [
+        [range(0, 0)],
+        [range(0, 1)],
+        [range(1, 2)],
+        [range(2, 3)],
+    ]
+    assert len({tuple(map(tuple, r.summed)) for r in runtimes}) == 1
+    said = [m for m in caplog.messages if m.startswith("validation uses")]
+    assert said == [
+        "validation uses the val split's 3 images (train.eval_num_images=10 asks for more)"
+    ]
+
+
 class _Preempted(Exception):
     """Stands for Ray Train stopping the worker group after a preemption notice."""
 

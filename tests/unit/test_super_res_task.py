@@ -85,9 +85,10 @@ class ValRuntime:
     def __init__(self, images: torch.Tensor, labels: torch.Tensor | None = None) -> None:
         self.images, self.labels = images, labels
 
-    def val_batches(self, *, num_images: int, batch_size: int):
-        cond = {} if self.labels is None else {"y": self.labels[:num_images]}
-        return [(self.images[:num_images], cond)]
+    def val_batches(self, *, rows: range, batch_size: int):
+        part = slice(rows.start, rows.stop)
+        cond = {} if self.labels is None else {"y": self.labels[part]}
+        return [(self.images[part], cond)]
 
 
 def test_the_task_trains_and_evaluates_a_super_res_model_on_the_batchs_low_res():
@@ -118,6 +119,18 @@ def test_the_task_trains_and_evaluates_a_super_res_model_on_the_batchs_low_res()
     totals = task.evaluate(task.model, [(images, {})], seed=0)
     metrics = task.evaluation_metrics(totals)
     assert totals["count"] == 5 and np.isfinite(metrics["val_bpd"]) and metrics["val_bpd"] > 0
+
+
+def test_evaluating_no_images_gives_every_total_zero():
+    """A rank without val images sums the same keys as a rank with some."""
+    torch.manual_seed(0)
+    images = torch.rand(2, 1, 16, 16) * 2 - 1
+    task = super_res_task(sr_config(), runtime=ValRuntime(images))
+    with torch.no_grad():
+        some = task.evaluate(task.model.eval(), [(images, {})], seed=0)
+        none = task.evaluate(task.model, [], seed=0)
+    assert set(none) == set(some) and all(float(v) == 0 for v in none.values())
+    assert float(some["count"]) == 2
 
 
 def test_the_preview_pairs_each_low_res_input_with_its_upsampling():

@@ -1,10 +1,18 @@
-"""The stratified bits/dim estimate: its timesteps, exactness at K = T, unbiasedness, spread."""
+"""The stratified bits/dim estimate: its timesteps, exactness at K = T, unbiasedness, spread;
+the val rows each rank evaluates."""
 
+import pytest
 import torch
+from tiny_model import tiny_model
 
-from raydiff.config import DiffusionConfig
+from raydiff.config import DiffusionConfig, ExperimentConfig, apply_overrides
 from raydiff.factory import create_gaussian_diffusion
-from raydiff.train.validation import estimate_bpd, rank_slice, stratified_timesteps
+from raydiff.train.validation import (
+    estimate_bpd,
+    rank_rows,
+    rank_slice,
+    stratified_timesteps,
+)
 
 
 def model(x, t, **kwargs):
@@ -104,15 +112,54 @@ def test_one_large_term_no_longer_decides_the_estimate():
 
 
 def test_each_rank_evaluates_its_slice_of_the_same_rows() -> None:
-    # 10 rows in batches of 4, 3 per rank: rank 1 takes rows 3-5 across a batch edge, rank 3
-    # the last row, rank 4 nothing; the union over ranks is the first rows, in order.
+    # 10 rows in batches of 4 over 3 ranks: rank 1 takes rows 3-5 across a batch edge; the
+    # union over ranks is every row, in order.
     x = torch.arange(10).float().reshape(10, 1)
     y = torch.arange(10) + 100
     batches = [{"x": x[i : i + 4], "y": y[i : i + 4]} for i in range(0, 10, 4)]
-    slices = [list(rank_slice(batches, rank=r, rows_per_rank=3)) for r in range(5)]
+    slices = [list(rank_slice(batches, rows=rank_rows(10, rank=r, world_size=3))) for r in range(3)]
     rows = [torch.cat([part for part, _ in s]).flatten().tolist() if s else [] for s in slices]
-    assert rows == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9], []]
+    assert rows == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
     labels = torch.cat([cond["y"] for _, cond in slices[1]]).tolist()
     assert labels == [103, 104, 105]
+    assert list(rank_slice(batches, rows=range(12, 15))) == []  # past the last row: nothing
     unconditional = [{"x": b["x"]} for b in batches]
-    assert all(cond == {} for _, cond in rank_slice(unconditional, rank=0, rows_per_rank=5))
+    assert all(cond == {} for _, cond in rank_slice(unconditional, rows=range(5)))
+
+
+def test_val_rows_are_spread_evenly_over_the_ranks() -> None:
+    """min(eval_num_images, split size) rows, every one evaluated once, the ranks' shares
+    differing by at most one; a rank may get none (fewer images than ranks)."""
+    eval_num_images, split = 1000, 150  # more asked for than the split holds
+    held = min(eval_num_images, split)
+    assert [rank_rows(held, rank=r, world_size=2) for r in range(2)] == [
+        range(0, 75),
+        range(75, 150),
+    ]
+    assert [len(rank_rows(3, rank=r, world_size=4)) for r in range(4)] == [0, 1, 1, 1]
+    for num_images in range(0, 23):
+        for world_size in range(1, 9):
+            parts = [
+                rank_rows(num_images, rank=r, world_size=world_size) for r in range(world_size)
+            ]
+            assert [i for part in parts for i in part] == list(range(num_images))
+            sizes = [len(part) for part in parts]
+            assert max(sizes) - min(sizes) <= 1, (num_images, world_size, sizes)
+    with pytest.raises(ValueError, match="rank 2 of 2"):
+        rank_rows(10, rank=2, world_size=2)
+
+
+def test_the_diffusion_task_evaluates_no_images_as_its_zero_totals() -> None:
+    """A rank without val images sums the same keys as the others."""
+    from raydiff.train.tasks.diffusion import diffusion_task
+
+    config = apply_overrides(
+        ExperimentConfig(),
+        [*tiny_model(image_size=8), "diffusion.diffusion_steps=40", "train.eval_timesteps=3"],
+    )
+    task = diffusion_task(config, runtime=None)  # a diffusion model needs nothing of a runtime
+    with torch.no_grad():
+        some = task.evaluate(task.model.eval(), [(torch.zeros(2, 1, 8, 8), {})], seed=0)
+        none = task.evaluate(task.model, [], seed=0)
+    assert set(none) == set(some) and all(float(v) == 0 for v in none.values())
+    assert float(some["count"]) == 2

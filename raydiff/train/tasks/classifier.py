@@ -124,10 +124,12 @@ class ClassifierTask:
         self, model: torch.nn.Module, batches: ValBatches, *, seed: int
     ) -> dict[str, torch.Tensor]:
         """Sums of the terms over the val images, overall, per quarter of t and at t = 0. Each
-        image's t and noise come from ``seed``: the same draw at every evaluation."""
+        image's t and noise come from ``seed``: the same draw at every evaluation. Every total
+        is there, zero, without batches (a rank with no val images): all ranks sum the same
+        keys."""
         generator = torch.Generator().manual_seed(seed)
         num_timesteps = self.diffusion.num_timesteps
-        totals: dict[str, torch.Tensor] = {}
+        totals = {name: torch.zeros((), dtype=torch.float64) for name in self.total_names()}
         for x, cond in batches:
             t = torch.randint(0, num_timesteps, (len(x),), generator=generator).to(x.device)
             noise = torch.randn(x.shape, generator=generator).to(x.device)
@@ -146,6 +148,17 @@ class ClassifierTask:
                 for name, values in classification_terms(model(x, zero), cond["y"]).items():
                     _add(totals, f"{name}_t0", values)
         return totals
+
+    def total_names(self) -> list[str]:
+        """The keys of :meth:`evaluate`'s totals: counts and term sums, overall and per quarter
+        of t, and (noised) the terms at t = 0."""
+        quarters = [f"_q{q}" for q in range(4)]
+        names = ["count", *(f"count{q}" for q in quarters)]
+        for term in TERMS:
+            names += [term, *(f"{term}{q}" for q in quarters)]
+        if self.noised:
+            names += [f"{term}_t0" for term in TERMS]
+        return names
 
     def evaluation_metrics(self, totals: dict[str, torch.Tensor]) -> dict[str, float]:
         """``val_loss``, ``val_acc@1``, ``val_acc@5``, the same at t = 0 (``val_acc@1_t0``...)
@@ -169,8 +182,8 @@ class ClassifierTask:
 
 
 def _add(totals: dict[str, torch.Tensor], name: str, values: torch.Tensor) -> None:
-    total = values.double().sum()
-    totals[name] = totals[name] + total if name in totals else total
+    # Not in place: the zero starts on the CPU, the sums on the model's device.
+    totals[name] = totals[name] + values.double().sum()
 
 
 def classifier_task(config: ExperimentConfig, *, runtime: Runtime) -> ClassifierTask:

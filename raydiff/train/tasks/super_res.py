@@ -96,7 +96,7 @@ def preview_inputs(
 ) -> dict[str, torch.Tensor] | None:
     """``low_res`` (and ``y`` where the runtime gives labels) of the first ``count`` validation
     images, on the CPU; None without a val split."""
-    batches = runtime.val_batches(num_images=count, batch_size=count)
+    batches = runtime.val_batches(rows=range(count), batch_size=count)
     images = torch.cat([x for x, _ in batches]).cpu() if batches else None
     if images is None or len(images) == 0:
         return None
