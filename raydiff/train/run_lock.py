@@ -70,10 +70,20 @@ def _this_process() -> dict[str, object]:
     }
 
 
+HOLDER_WAIT_S = 2.0
+"""How long a refused driver waits for the holder's description: the holder writes it right
+after it takes the lock, so two drivers started at once can find the lock taken and the file
+still empty."""
+
+
 def _holder(fd: int) -> dict[str, object]:
-    """What the holder wrote (empty while it is still writing it, or when unreadable)."""
+    """What the holder wrote, waiting up to :data:`HOLDER_WAIT_S` while the file is empty
+    (empty after that, or when unreadable)."""
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while not (text := os.pread(fd, 64 * 1024, 0)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     try:
-        holder = json.loads(os.pread(fd, 64 * 1024, 0) or b"{}")
+        holder = json.loads(text or b"{}")
     except ValueError:
         return {}
     return holder if isinstance(holder, dict) else {}

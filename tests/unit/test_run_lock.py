@@ -74,3 +74,25 @@ def test_an_unreadable_holder_description_still_gives_a_clear_refusal(tmp_path):
         path.write_text("not json")
         with pytest.raises(RunFolderInUseError, match="holder unknown"), run_lock(tmp_path):
             pass
+
+
+def test_a_driver_started_at_the_same_time_waits_for_the_holders_description(tmp_path):
+    """Two drivers at once: the loser can find the lock taken and its file still empty (the
+    winner writes who it is just after locking); it waits briefly and names the holder."""
+    import fcntl
+    import json
+    import os
+    import threading
+
+    path = tmp_path / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # locked, nothing written yet
+        description = json.dumps({"pid": 4242, "host": "h", "started": "s", "command": "c"})
+        writer = threading.Timer(0.3, lambda: os.pwrite(fd, description.encode(), 0))
+        writer.start()
+        with pytest.raises(RunFolderInUseError, match=r"pid 4242 on h"), run_lock(tmp_path):
+            pass
+        writer.join()
+    finally:
+        os.close(fd)
