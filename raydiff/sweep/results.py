@@ -124,7 +124,9 @@ def write_csv(
     """``results.csv``: one line per trial, every swept value and final metric as a column
     (the objective and ``columns`` first)."""
     keys, metrics = _columns(rows, metric, columns)
-    extra = sorted({m for r in rows for m in r.metrics} - set(metrics))
+    # A reported figure named like a swept field (the loop's lr when lr is swept) would give the
+    # file two columns of one name: the swept value keeps the name.
+    extra = sorted({m for r in rows for m in r.metrics} - set(metrics) - set(keys))
     header = ["trial", *keys, "seed", "status", "steps", *metrics, *extra, "checkpoint", "run_dir"]
     text = io.StringIO(newline="")
     writer = csv.writer(text)

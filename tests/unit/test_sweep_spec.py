@@ -157,9 +157,13 @@ def test_results_table_csv_and_best_config(tmp_path):
     assert lines[3].startswith("t0001 *") and "5.1" in lines[3]
     assert lines[-1] == "* best val_bpd (min): t0001_lr-0.001"
 
+    rows[0].metrics["lr"] = 2e-4  # the loop reports its lr: the swept lr keeps the column
     path = write_csv(rows, tmp_path / "results.csv", metric="val_bpd", columns=columns)
     with path.open() as f:
+        assert next(csv.reader(f)).count("lr") == 1
+    with path.open() as f:
         written = list(csv.DictReader(f))
+    assert written[0]["lr"] == "0.0001"
     assert [r["trial"] for r in written] == [r.trial for r in rows]
     assert written[1]["lr"] == "0.001" and written[1]["val_bpd"] == "5.1"
     assert written[3]["status"] == "failed: loss scale collapsed" and written[3]["val_bpd"] == ""
