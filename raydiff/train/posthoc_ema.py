@@ -1,0 +1,378 @@
+"""The math of EDM2's post-hoc EMA (Karras et al. 2024, "Analyzing and Improving the Training
+Dynamics of Diffusion Models", section 3 and appendix C): power-function averaging profiles,
+their tracking during training, and the reconstruction of any profile after training from a few
+stored snapshots.
+
+A profile with exponent ``gamma`` averages the weights theta(tau) over the training so far,
+[0, t], with density p_t(tau) = (gamma + 1) tau^gamma / t^(gamma + 1) (eq. 121). Its width
+relative to the training time is ``sigma_rel`` (eq. 123). Tracking it step by step
+(:class:`PowerFunctionEMA`, eq. 127) averages the weights of step tau with exactly the mass
+p_t gives the interval (tau - 1, tau]; so every snapshot is an inner product <p, theta>, and a
+profile that is a combination of snapshot profiles is that combination of the snapshots
+(:func:`reconstruction_coefficients`, algorithm 3; :func:`combine`).
+
+Pure torch + NumPy: no Ray, no config. Times are in training steps (EDM2 counts images; only
+ratios of times enter the math).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+_GOLDEN = (1 + math.sqrt(5)) / 2
+SIGMA_REL_MAX = _GOLDEN**-2.5
+"""The widest profile there is: eq. 123 peaks at gamma = golden ratio - 2 (about -0.382) with
+sigma_rel = golden ratio^-2.5 (about 0.3003). EDM2's command line caps at 0.289 (gamma >= 0,
+the uniform average); up to this value a profile still exists, its weights falling with time."""
+
+RECONSTRUCTION_ERROR_LIMIT = 1e-2
+"""A suggested refusal threshold for :func:`reconstruction_error` (docs/posthoc_ema.md gives the
+experiment behind it)."""
+
+
+def gamma_to_sigma_rel(gamma: float) -> float:
+    """The relative standard deviation of the profile with exponent ``gamma`` (eq. 123)."""
+    if not (math.isfinite(gamma) and gamma > -1):
+        raise ValueError(f"gamma {gamma} is invalid: a power-function profile needs gamma > -1")
+    return math.sqrt((gamma + 1) / ((gamma + 2) ** 2 * (gamma + 3)))
+
+
+def sigma_rel_to_gamma(sigma_rel: float) -> float:
+    """The exponent of the profile with relative standard deviation ``sigma_rel`` (eq. 126,
+    algorithm 2): the largest real root of
+    gamma^3 + 7 gamma^2 + (16 - sigma_rel^-2) gamma + (12 - sigma_rel^-2).
+
+    Eq. 123 rises from 0 at gamma = -1 to its peak :data:`SIGMA_REL_MAX` and falls back to 0,
+    so every sigma_rel in (0, SIGMA_REL_MAX] has a root above -1 and none outside has; the
+    largest root is the one on the falling side (gamma >= -0.382), where the profile is also
+    square-integrable, as eq. 151 needs.
+    """
+    if not (math.isfinite(sigma_rel) and 0 < sigma_rel <= SIGMA_REL_MAX):
+        raise ValueError(
+            f"sigma_rel {sigma_rel} has no power-function profile: valid values are in "
+            f"(0, {SIGMA_REL_MAX:.4f}] (EDM2 uses (0, 0.289), gamma >= 0)"
+        )
+    inverse_square = sigma_rel**-2
+    roots = np.roots([1.0, 7.0, 16.0 - inverse_square, 12.0 - inverse_square])
+    # In range all three roots are real; at the peak the double root may come back with a
+    # rounding-sized imaginary part, whose real part is still the root.
+    return float(roots.real.max())
+
+
+def power_beta(*, gamma: float, step: int, dt: int = 1) -> float:
+    """The decay that keeps a running average on the profile ``gamma`` (eq. 127):
+    beta = (1 - dt / t)^(gamma + 1), t = ``step`` the training time after the update.
+
+    At the first step (t = dt) beta is 0 for every gamma: the average becomes the weights.
+    """
+    if not (math.isfinite(gamma) and gamma > -1):
+        raise ValueError(f"gamma {gamma} is invalid: a power-function profile needs gamma > -1")
+    if step <= 0:
+        raise ValueError(f"step {step} is invalid: the time after an update is a step >= 1")
+    if not 0 < dt <= step:
+        raise ValueError(f"dt {dt} is invalid: the update's length is in [1, step={step}]")
+    return (1 - dt / step) ** (gamma + 1)
+
+
+def rate_to_sigma_rel(rate: float, *, step: int) -> float:
+    """The sigma_rel, at training step ``step``, of improved-diffusion's fixed-rate EMA
+    (``ema = rate * ema + (1 - rate) * weights`` every step).
+
+    Its profile is exponential with time constant 1 / (-ln rate) steps, whose standard deviation
+    is that same time constant; relative to t = ``step`` that is 1 / (-ln(rate) * step). This
+    holds when step >> 1 / (1 - rate): earlier, the average still holds a large share of the
+    initial weights and the profile is cut off at t = 0, so its true width is smaller. Unlike a
+    power-function profile, this sigma_rel shrinks as training goes on. (EDM2's code has no such
+    conversion; this is the exponential distribution's standard deviation, which the discrete
+    profile's sqrt(rate) / (1 - rate) matches to second order in 1 - rate.)
+    """
+    if not (math.isfinite(rate) and 0 < rate < 1):
+        raise ValueError(f"EMA rate {rate} is invalid: a decay per step is in (0, 1)")
+    if step <= 0:
+        raise ValueError(f"step {step} is invalid: a training step is >= 1")
+    return 1.0 / (-math.log(rate) * step)
+
+
+def _inner_products(
+    t_a: np.ndarray, gamma_a: np.ndarray, t_b: np.ndarray, gamma_b: np.ndarray
+) -> np.ndarray:
+    """Eq. 151 over broadcast arrays: the integral of p_a * p_b over time, where the shorter
+    profile's end cuts the integral (times > 0, gamma_a + gamma_b + 1 > 0 checked by callers)."""
+    exponent = np.where(t_a < t_b, gamma_b, -gamma_a)
+    numerator = (gamma_a + 1) * (gamma_b + 1) * (t_a / t_b) ** exponent
+    return numerator / ((gamma_a + gamma_b + 1) * np.maximum(t_a, t_b))
+
+
+def profile_inner_product(t_a: float, gamma_a: float, t_b: float, gamma_b: float) -> float:
+    """<p_a, p_b> of the profiles ending at ``t_a`` and ``t_b`` with exponents ``gamma_a`` and
+    ``gamma_b`` (eq. 151, algorithm 3)."""
+    for name, t in (("t_a", t_a), ("t_b", t_b)):
+        if not (math.isfinite(t) and t > 0):
+            raise ValueError(f"{name} {t} is invalid: a profile ends at a training time > 0")
+    if not gamma_a + gamma_b + 1 > 0 or min(gamma_a, gamma_b) <= -1:
+        raise ValueError(
+            f"gammas {gamma_a} and {gamma_b} are invalid: each must be > -1 and their sum > -1 "
+            "(else the product of the profiles is not integrable)"
+        )
+    value = _inner_products(*(np.float64(x) for x in (t_a, gamma_a, t_b, gamma_b)))
+    return float(value)
+
+
+def _profile_arrays(
+    profiles: Sequence[tuple[float, float]], *, role: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(times, gammas) of ``(t, sigma_rel)`` pairs, each checked."""
+    times, gammas = [], []
+    for t, sigma_rel in profiles:
+        if not (math.isfinite(t) and t > 0):
+            raise ValueError(
+                f"{role} time {t} is invalid: a profile averages the training up to a time > 0 "
+                "(a snapshot taken before the first step holds no profile)"
+            )
+        times.append(float(t))
+        gammas.append(sigma_rel_to_gamma(sigma_rel))
+    return np.array(times, dtype=np.float64), np.array(gammas, dtype=np.float64)
+
+
+def _check_snapshots(snapshots: Sequence[tuple[float, float]]) -> None:
+    if len(snapshots) == 0:
+        raise ValueError("no snapshots: a reconstruction combines at least one stored snapshot")
+    seen = set()
+    for t, sigma_rel in snapshots:
+        if (t, sigma_rel) in seen:
+            raise ValueError(
+                f"snapshot (t={t}, sigma_rel={sigma_rel}) is given twice: each (time, sigma_rel) "
+                "may appear once (the same profile twice makes the system singular)"
+            )
+        seen.add((t, sigma_rel))
+
+
+def _gram(
+    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
+) -> np.ndarray:  # [len(a), len(b)]
+    return _inner_products(a[0][:, None], a[1][:, None], b[0][None, :], b[1][None, :])
+
+
+def reconstruction_coefficients(
+    snapshots: Sequence[tuple[float, float]], targets: Sequence[tuple[float, float]]
+) -> np.ndarray:
+    """Weights X [len(snapshots), len(targets)], float64, such that target k is approximately
+    sum_i X[i, k] * snapshot_i (algorithm 3). Each entry is a ``(t, sigma_rel)`` pair.
+
+    The least-squares fit of each target profile by the snapshot profiles: X = A^-1 B with
+    A[i, j] = <p_i, p_j> and B[i, k] = <p_i, p_k> (eq. 151); each column is then scaled to sum
+    to 1, so that constant weights stay constant. A target may not end after the last snapshot
+    (no snapshot saw that training).
+    """
+    _check_snapshots(snapshots)
+    stored = _profile_arrays(snapshots, role="snapshot")
+    wanted = _profile_arrays(targets, role="target")
+    last = float(stored[0].max())
+    late = [float(t) for t in wanted[0] if t > last]
+    if late:
+        raise ValueError(
+            f"target time {late[0]} is after the last snapshot's ({last}): a reconstruction "
+            f"only sees the training its snapshots saw; choose a time <= {last}"
+        )
+    try:
+        solution = np.linalg.solve(_gram(stored, stored), _gram(stored, wanted))
+    except np.linalg.LinAlgError as error:
+        raise ValueError(
+            f"the snapshot profiles are linearly dependent ({error}): give snapshots of "
+            "distinct times or sigma_rels"
+        ) from error
+    return solution / solution.sum(axis=0, keepdims=True)
+
+
+def reconstruction_error(
+    snapshots: Sequence[tuple[float, float]], target: tuple[float, float]
+) -> float:
+    """||p - p_hat|| / ||p||: the relative L2 distance between the target profile p and its
+    reconstruction p_hat = sum_i x_i p_i with the coefficients :func:`reconstruction_coefficients`
+    gives (column-normalised), expanded with the Gram matrix:
+    ||p - p_hat||^2 = <p, p> - 2 x.b + x.A.x.
+
+    The reconstructed weights then differ from the target's by at most
+    ||p - p_hat|| * ||theta - c|| (Cauchy-Schwarz; c any constant, as both profiles have mass 1),
+    coordinate by coordinate. Rounding leaves a floor near 1e-8 for an exact fit.
+    """
+    coefficients = reconstruction_coefficients(snapshots, [target])[:, 0]
+    stored = _profile_arrays(snapshots, role="snapshot")
+    wanted = _profile_arrays([target], role="target")
+    gram = _gram(stored, stored)
+    cross = _gram(stored, wanted)[:, 0]
+    norm_sq = float(_gram(wanted, wanted)[0, 0])
+    distance_sq = norm_sq - 2 * coefficients @ cross + coefficients @ gram @ coefficients
+    return math.sqrt(max(float(distance_sq), 0.0) / norm_sq)
+
+
+def combine(
+    state_dicts: Sequence[Mapping[str, torch.Tensor]], coefficients: Sequence[float]
+) -> dict[str, torch.Tensor]:
+    """sum_i coefficients[i] * state_dicts[i], in float32: one reconstructed target from loaded
+    snapshots (a column of :func:`reconstruction_coefficients`).
+
+    Tensors that are not floating point (integer buffers) cannot be averaged; they come from
+    the last state dict, as EDM2 copies buffers as they are.
+    """
+    if len(state_dicts) == 0:
+        raise ValueError("no state dicts: a combination takes at least one snapshot")
+    if len(state_dicts) != len(coefficients):
+        raise ValueError(
+            f"{len(state_dicts)} state dicts but {len(coefficients)} coefficients: give one "
+            "coefficient per snapshot"
+        )
+    keys = list(state_dicts[0])
+    for index, state in enumerate(state_dicts[1:], start=1):
+        if set(state) != set(keys):
+            differ = sorted(set(state) ^ set(keys))
+            raise ValueError(
+                f"state dict {index} has other keys than state dict 0 (e.g. {differ[:3]}): "
+                "snapshots of one model have the same keys"
+            )
+    return {key: _combine_tensor(key, state_dicts, coefficients) for key in keys}
+
+
+def _combine_tensor(
+    key: str, state_dicts: Sequence[Mapping[str, torch.Tensor]], coefficients: Sequence[float]
+) -> torch.Tensor:
+    first = state_dicts[0][key]
+    if not first.is_floating_point():
+        return state_dicts[-1][key].detach().clone()
+    total = torch.zeros(first.shape, dtype=torch.float32, device=first.device)
+    for index, (state, coefficient) in enumerate(zip(state_dicts, coefficients, strict=True)):
+        if state[key].shape != first.shape:
+            raise ValueError(
+                f"{key!r} has shape {tuple(state[key].shape)} in state dict {index} but "
+                f"{tuple(first.shape)} in state dict 0: snapshots of one model agree"
+            )
+        total.add_(state[key].detach().to(torch.float32), alpha=float(coefficient))
+    return total
+
+
+def profile_key(sigma_rel: float) -> str:
+    """The name of a profile in snapshots and state dicts: sigma_rel with three decimals (as
+    EDM2 names its snapshot files)."""
+    return f"{sigma_rel:.3f}"
+
+
+class PowerFunctionEMA:
+    """Running power-function averages (eq. 127) of a module's parameters, one per sigma_rel,
+    in float32; the module's buffers are kept as they are (the latest ones seen).
+
+    A sigma_rel must be written exactly with three decimals (0.05, 0.125): its snapshots are
+    named so (:func:`profile_key`), and a reconstruction reads the profile back from the name.
+    """
+
+    def __init__(self, module: torch.nn.Module, *, sigma_rels: Sequence[float]) -> None:
+        if len(sigma_rels) == 0:
+            raise ValueError("sigma_rels is empty: track at least one profile, e.g. 0.05, 0.10")
+        self.gammas = tuple(sigma_rel_to_gamma(sigma_rel) for sigma_rel in sigma_rels)
+        for sigma_rel in sigma_rels:
+            if float(profile_key(sigma_rel)) != sigma_rel:
+                raise ValueError(
+                    f"sigma_rel {sigma_rel} has more than three decimals: snapshots are named "
+                    f"by sigma_rel with three ({profile_key(sigma_rel)})"
+                )
+        keys = [profile_key(sigma_rel) for sigma_rel in sigma_rels]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"sigma_rels {list(sigma_rels)} repeat a value: give each once")
+        self.sigma_rels = tuple(float(sigma_rel) for sigma_rel in sigma_rels)
+        self.step = 0
+        self.parameter_names = [name for name, _ in module.named_parameters()]
+        saved = module.state_dict().keys()
+        self.buffers = {
+            name: buffer.detach().clone()
+            for name, buffer in module.named_buffers()
+            if name in saved  # persistent ones: what a state dict holds
+        }
+        # A snapshot lists its entries in the module's state-dict order.
+        kept = set(self.parameter_names) | set(self.buffers)
+        self._order = [name for name in saved if name in kept]
+        current = [p.detach() for p in module.parameters()]
+        self.profiles = {key: [p.to(torch.float32, copy=True) for p in current] for key in keys}
+
+    @torch.no_grad()
+    def update(self, module: torch.nn.Module, *, step: int) -> None:
+        """Fold the weights after training step ``step`` (the step just taken; the first is 1)
+        into every profile: avg <- avg + (1 - beta) (theta - avg) (eq. 127, dt = 1 step)."""
+        if step <= self.step:
+            raise ValueError(
+                f"step {step} is invalid: each update follows a new step, after step {self.step}"
+            )
+        current = [p.detach().to(torch.float32) for p in module.parameters()]
+        if len(current) != len(self.parameter_names):
+            raise ValueError(
+                f"the module has {len(current)} parameters, the tracked one "
+                f"{len(self.parameter_names)}: update with the module the tracker was built for"
+            )
+        for gamma, average in zip(self.gammas, self.profiles.values(), strict=True):
+            torch._foreach_lerp_(average, current, 1.0 - power_beta(gamma=gamma, step=step))
+        for name, buffer in module.named_buffers():
+            if name in self.buffers:
+                self.buffers[name].copy_(buffer)
+        self.step = step
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue bit for bit (copies; loads with
+        ``torch.load(weights_only=True)``)."""
+        return {
+            "sigma_rels": list(self.sigma_rels),
+            "step": self.step,
+            "parameter_names": list(self.parameter_names),
+            "profiles": {
+                key: {name: p.clone() for name, p in zip(self.parameter_names, params, strict=True)}
+                for key, params in self.profiles.items()
+            },
+            "buffers": {name: buffer.clone() for name, buffer in self.buffers.items()},
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore every profile, the buffers and the step from :meth:`state_dict`'s dict."""
+        if list(state["sigma_rels"]) != list(self.sigma_rels):
+            raise ValueError(
+                f"the state tracks sigma_rels {list(state['sigma_rels'])}, this tracker "
+                f"{list(self.sigma_rels)}: resume with the same sigma_rels"
+            )
+        if list(state["parameter_names"]) != self.parameter_names:
+            raise ValueError(
+                "the state's parameters are not this module's: resume with the same model"
+            )
+        for key, params in self.profiles.items():
+            saved = state["profiles"][key]
+            for name, param in zip(self.parameter_names, params, strict=True):
+                param.copy_(_same_shape(name, saved[name], param))
+        for name, buffer in self.buffers.items():
+            buffer.copy_(_same_shape(name, state["buffers"][name], buffer))
+        self.step = int(state["step"])
+
+    def snapshot(self, *, dtype: torch.dtype = torch.float16) -> dict[str, dict[str, torch.Tensor]]:
+        """{profile_key(sigma_rel): the module's state dict with that average}, on the CPU, the
+        averages (and floating-point buffers) in ``dtype``: what EDM2 stores every so often."""
+        snapshots = {}
+        for key, params in self.profiles.items():
+            values = dict(zip(self.parameter_names, params, strict=True)) | self.buffers
+            snapshots[key] = {
+                name: values[name].to(
+                    device="cpu",
+                    dtype=dtype if values[name].is_floating_point() else None,
+                    copy=True,
+                )
+                for name in self._order
+            }
+        return snapshots
+
+
+def _same_shape(name: str, saved: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    if saved.shape != current.shape:
+        raise ValueError(
+            f"{name!r} has shape {tuple(saved.shape)} in the state but {tuple(current.shape)} "
+            "here: resume with the same model"
+        )
+    return saved
