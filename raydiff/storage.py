@@ -248,13 +248,18 @@ def append_line(path: StoragePath, line: str) -> None:
 
 
 def write_text_atomically(target: StoragePath, text: str) -> None:
+    """Replace the file ``target`` as a whole (:func:`write_bytes_atomically`)."""
+    write_bytes_atomically(target, text.encode())
+
+
+def write_bytes_atomically(target: StoragePath, data: bytes) -> None:
     """Replace the file ``target`` as a whole: a local one through a temporary file renamed into
     place, a remote one as one object (:meth:`RemotePath.write_bytes`). Readers never see half."""
     if isinstance(target, RemotePath):
-        target.write_text(text)
+        target.write_bytes(data)
         return
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
+    tmp.write_bytes(data)
     tmp.replace(target)
 
 

@@ -26,6 +26,12 @@ class OptimConfig:
     """Comma-separated EMA decay rates, e.g. '0.9999,0.999'."""
     adam_betas: str = "0.9,0.999"
     """AdamW betas."""
+    posthoc_ema_stds: str = ""
+    """Post-hoc EMA (EDM2, Karras et al. 2024): comma-separated relative standard deviations
+    (sigma_rel) of the power-function EMA profiles to track, e.g. '0.05,0.10' (EDM2's); empty:
+    off. Snapshots of them let ``raydiff ema`` reconstruct any length after training."""
+    posthoc_ema_interval: int = 0
+    """Steps between post-hoc EMA snapshots (0: every ``train.save_interval`` steps)."""
 
     def __post_init__(self) -> None:
         s = "optim"
@@ -39,6 +45,14 @@ class OptimConfig:
         if self.grad_clip < 0:
             raise invalid(s, "grad_clip", self.grad_clip, "must be >= 0 (0 turns clipping off)")
         self.ema_rates()
+        self.posthoc_sigma_rels()
+        if self.posthoc_ema_interval < 0:
+            raise invalid(
+                s,
+                "posthoc_ema_interval",
+                self.posthoc_ema_interval,
+                "must be >= 0 (0: save_interval)",
+            )
         betas = self.adam_beta_tuple()
         if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
             raise invalid(s, "adam_betas", self.adam_betas, "expected two numbers in [0, 1)")
@@ -56,6 +70,27 @@ class OptimConfig:
         if not all(0 < r < 1 for r in rates):
             raise invalid("optim", "ema_rate", self.ema_rate, "every rate must lie in (0, 1)")
         return rates
+
+    def posthoc_sigma_rels(self) -> tuple[float, ...]:
+        """The tracked post-hoc EMA profiles' sigma_rel as floats (empty: off)."""
+        text = self.posthoc_ema_stds.strip()
+        if not text:
+            return ()
+        try:
+            stds = tuple(float(v) for v in text.split(","))
+        except ValueError:
+            raise invalid(
+                "optim", "posthoc_ema_stds", text, "expected numbers like '0.05,0.10'"
+            ) from None
+        # EDM2 eq. 123: a power-function profile (exponent > -1) has a relative std below 0.30.
+        if not all(0 < v < 0.3 for v in stds) or len(set(stds)) != len(stds):
+            raise invalid(
+                "optim",
+                "posthoc_ema_stds",
+                text,
+                "expected distinct relative standard deviations in (0, 0.3), e.g. '0.05,0.10'",
+            )
+        return stds
 
     def adam_beta_tuple(self) -> tuple[float, ...]:
         """The AdamW betas as floats."""

@@ -58,8 +58,10 @@ def parse_model_flags(text: str) -> dict[str, str]:
 
 
 def ema_files(checkpoint: Path) -> dict[str, Path]:
-    """``{"ema_0.9999": path, ...}``: the EMA weights a raydiff checkpoint holds."""
-    return {f.stem: f for f in sorted(checkpoint.glob("ema_*.pt"))}
+    """``{"ema_0.9999": path, "phema_0.080": path, ...}``: the EMA weights a raydiff checkpoint
+    holds, fixed-rate ones and those ``raydiff ema`` reconstructed (post-hoc, by length)."""
+    files = [*sorted(checkpoint.glob("ema_*.pt")), *sorted(checkpoint.glob("phema_*.pt"))]
+    return {f.stem: f for f in files}
 
 
 def load_sampling_model(

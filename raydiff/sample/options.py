@@ -29,7 +29,8 @@ class ModelSource:
     weights: str | None = flag(
         "--weights",
         default=None,
-        help="raydiff checkpoints: 'model' or 'ema_RATE' (default: the first EMA rate)",
+        help="raydiff checkpoints: 'model', 'ema_RATE' or 'phema_LENGTH' (raydiff ema's; "
+        "default: the first EMA rate)",
     )
     model_flags: str | None = flag(
         "--model-flags",

@@ -70,4 +70,27 @@ def build_rank_optimizer(
         trainer.local_batch_size,
         trainer.precision.precision,
     )
+    if trainer.posthoc_ema is not None:
+        log_posthoc_ema_plan(config, num_parameters=sum(p.numel() for p in model.parameters()))
     return task, trainer
+
+
+def log_posthoc_ema_plan(config: ExperimentConfig, *, num_parameters: int) -> None:
+    """What the post-hoc EMA snapshots will weigh at ``train.max_steps``: each holds every
+    tracked profile in fp16 (2 bytes a parameter)."""
+    sigma_rels = config.optim.posthoc_sigma_rels()
+    interval = config.optim.posthoc_ema_interval or config.train.save_interval
+    max_steps = config.train.max_steps
+    count = max_steps // interval if interval else 0
+    count += 0 if interval and max_steps % interval == 0 else 1  # the last step's
+    each = 2 * num_parameters * len(sigma_rels)
+    logger.info(
+        "post-hoc EMA: profiles sigma_rel %s, a snapshot every %s steps: %d snapshots of %.1f MB "
+        "(%.2f GB) by step %d, in posthoc_ema/",
+        ", ".join(f"{s:.3f}" for s in sigma_rels),
+        interval or max_steps,
+        count,
+        each / 1e6,
+        count * each / 1e9,
+        max_steps,
+    )

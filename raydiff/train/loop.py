@@ -82,6 +82,8 @@ class TrainingLoop:
     ) -> None:
         self.config, self.train = config, config.train
         self.spec = task_spec(config.train.task)
+        # Post-hoc EMA snapshots: every optim.posthoc_ema_interval steps (or save_interval's).
+        self.snapshot_interval = config.optim.posthoc_ema_interval or config.train.save_interval
         self.runtime = runtime
         self.output_dir = output_dir
         self.make_task = make_task
@@ -199,6 +201,10 @@ class TrainingLoop:
         is_eval = is_due(step, train.eval_interval) or last
         if self.runtime.is_main and (is_due(step, train.sample_interval) or last):
             self.preview()
+        posthoc = self.optimizer.posthoc_ema  # the main rank's only
+        if posthoc is not None and (is_due(step, self.snapshot_interval) or last):
+            assert self.files is not None
+            self.files.write_posthoc_snapshot(posthoc.snapshot(), step=step)
         if not (is_log or is_save or is_eval):
             return
         report: dict[str, Any] = {"step": step}

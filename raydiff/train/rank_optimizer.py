@@ -20,6 +20,7 @@ from raydiff.core.timestep_sampler import LossSync, ScheduleSampler
 from raydiff.seeding import derive_seed
 from raydiff.train.ema import EMA
 from raydiff.train.optimizer import build_optimizer
+from raydiff.train.posthoc_ema import PowerFunctionEMA
 from raydiff.train.precision import PrecisionPolicy
 from raydiff.train.task import Batch, Losses
 
@@ -104,6 +105,14 @@ class RankOptimizer:
         )
         self.optimizer = build_optimizer(self.raw_model.parameters(), optim=optim)
         self.ema = EMA(self.raw_model, optim.ema_rates())
+        # Post-hoc EMA profiles (EDM2): on the main rank only, which alone checkpoints them and
+        # writes their snapshots; every rank holds the same weights after a step anyway.
+        sigma_rels = optim.posthoc_sigma_rels()
+        self.posthoc_ema = (
+            PowerFunctionEMA(self.raw_model, sigma_rels=sigma_rels)
+            if sigma_rels and rank == 0
+            else None
+        )
         self.step = 0  # optimiser steps taken (skipped ones included)
         self.skipped_steps = 0
         self.consecutive_skipped = 0
@@ -229,6 +238,8 @@ class RankOptimizer:
             torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.optim_config.grad_clip)
         stepped = self.precision.step(self.optimizer, grads_finite=grads_finite)
         self.step += 1
+        if self.posthoc_ema is not None:  # every step, a skipped one too: t counts steps
+            self.posthoc_ema.update(self.raw_model, step=self.step)
         if stepped:
             self.ema.update(self.raw_model)
             self.consecutive_skipped = 0
@@ -297,6 +308,11 @@ class RankOptimizer:
             "optimizer": self.optimizer.state_dict(),
             "precision": self.precision.state_dict(),
             "sampler": self.sampler.state_dict(),
+            **(
+                {"posthoc_ema": self.posthoc_ema.state_dict()}
+                if self.posthoc_ema is not None
+                else {}
+            ),
         }
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
@@ -324,3 +340,22 @@ class RankOptimizer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.precision.load_state_dict(state["precision"])
         self.sampler.load_state_dict(state["sampler"])
+        if self.posthoc_ema is not None:
+            self._restore_posthoc_ema(state)
+
+    def _restore_posthoc_ema(self, state: dict[str, Any]) -> None:
+        """The profiles as the checkpoint left them; a checkpoint without them (tracking turned
+        on since) starts them from the restored weights at its step."""
+        assert self.posthoc_ema is not None
+        saved = state.get("posthoc_ema")
+        if saved is None:
+            logger.warning(
+                "the checkpoint has no post-hoc EMA profiles: tracking starts from its weights "
+                "at step %d (snapshots before it cannot be reconstructed)",
+                self.step,
+            )
+            self.posthoc_ema = PowerFunctionEMA(
+                self.raw_model, sigma_rels=self.optim_config.posthoc_sigma_rels()
+            )
+            return
+        self.posthoc_ema.load_state_dict(saved)

@@ -23,9 +23,17 @@ from raydiff.train.sample_grid import save_grid
 
 logger = logging.getLogger(__name__)
 
+POSTHOC_DIR = "posthoc_ema"
+"""The run folder's post-hoc EMA snapshots (``raydiff ema`` reads them)."""
+
 EVENTS_UPLOAD_INTERVAL_S = 60.0
 """A remote run folder's TensorBoard events are uploaded (whole) at most this often between
 checkpoints."""
+
+
+def snapshot_name(step: int) -> str:
+    """The file of the post-hoc EMA snapshot of ``step``."""
+    return f"snapshot_{step:07d}.pt"
 
 
 class RunFiles:
@@ -78,6 +86,22 @@ class RunFiles:
         )
         self.writer.add_images("samples/ema", (images.clamp(-1, 1) + 1) / 2, step)
         logger.info("wrote sample grid %s", self.files.publish(path))
+
+    def write_posthoc_snapshot(
+        self, profiles: dict[str, dict[str, torch.Tensor]], *, step: int
+    ) -> None:
+        """``posthoc_ema/snapshot_NNNNNNN.pt``: the post-hoc EMA profiles at ``step`` (sigma_rel
+        -> state dict), written whole or not at all (a restarted group writes the same step
+        again, with the same weights)."""
+        folder = self.files.local / POSTHOC_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / snapshot_name(step)
+        partial = path.with_name(path.name + ".partial")
+        torch.save({"step": step, "profiles": profiles}, partial)
+        partial.replace(path)
+        self.files.publish(path)
+        if self.files.is_remote:  # uploaded: the staging folder need not keep every snapshot
+            path.unlink()
 
     def publish_events(self, *, now: bool) -> None:
         """A remote run folder's TensorBoard events so far (``now``: whatever the interval)."""

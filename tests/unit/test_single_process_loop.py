@@ -66,13 +66,18 @@ def test_flips_follow_data_random_flip() -> None:
     assert 0 < seen_flips < NUM_IMAGES
 
 
-def run(max_steps: int, output: Path, *, log_interval: int = 2) -> dict:
+def run(max_steps: int, output: Path, *, log_interval: int = 2, overrides: tuple = ()) -> dict:
     """A single-process run as `raydiff train --single-process` makes it, continuing the newest
     checkpoint in ``output`` (4 sample-grid images, 4 DDIM steps to keep it quick)."""
     after_previous_events_second(output / "tensorboard")
     config = apply_overrides(
         tiny_config(max_steps),
-        ["train.sample_count=4", "train.sample_steps=4", f"train.log_interval={log_interval}"],
+        [
+            "train.sample_count=4",
+            "train.sample_steps=4",
+            f"train.log_interval={log_interval}",
+            *overrides,
+        ],
     )
     runtime = LocalRuntime(
         config,
@@ -175,6 +180,28 @@ def test_a_resumed_run_continues_the_data_order_and_the_losses(tmp_path: Path) -
         a = torch.load(tmp_path / "whole" / "checkpoint_000007" / name, weights_only=True)
         b = torch.load(tmp_path / "parts" / "checkpoint_000007" / name, weights_only=True)
         assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_resumed_run_writes_the_post_hoc_ema_snapshots_of_an_uninterrupted_one(
+    tmp_path: Path,
+) -> None:
+    """The power-function EMA profiles are part of the checkpoint: a run resumed at step 3
+    writes the snapshots of steps 4 and 6 (and the last, 7) bit for bit as the run trained
+    straight through does."""
+    posthoc = ("optim.posthoc_ema_stds=0.05,0.10", "optim.posthoc_ema_interval=2")
+    run(7, tmp_path / "whole", overrides=posthoc)
+    run(3, tmp_path / "parts", overrides=posthoc)
+    run(7, tmp_path / "parts", overrides=posthoc)
+    whole = sorted(p.name for p in (tmp_path / "whole" / "posthoc_ema").iterdir())
+    assert whole == [f"snapshot_{s:07d}.pt" for s in (2, 4, 6, 7)]
+    for name in whole:
+        a = torch.load(tmp_path / "whole" / "posthoc_ema" / name, weights_only=True)
+        b = torch.load(tmp_path / "parts" / "posthoc_ema" / name, weights_only=True)
+        assert a["step"] == b["step"] and set(a["profiles"]) == {"0.050", "0.100"}
+        for sigma, profile in a["profiles"].items():
+            assert profile.keys() == b["profiles"][sigma].keys()
+            assert all(torch.equal(v, b["profiles"][sigma][k]) for k, v in profile.items())
+            assert all(v.dtype == torch.float16 for v in profile.values() if v.is_floating_point())
 
 
 class TwoRankRuntime(LocalRuntime):

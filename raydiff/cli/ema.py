@@ -1,0 +1,34 @@
+"""``raydiff ema`` (``python jobs/ema.py``): EMA weights of any length from a run's post-hoc EMA
+snapshots, written into one of its checkpoints. Its options are
+:class:`~raydiff.train.ema_reconstruction.EmaOptions`' flags."""
+
+from __future__ import annotations
+
+import argparse
+
+from raydiff.cli.arguments import add_options, options_from_args
+
+HELP = "reconstruct EMA weights of any length from a run's post-hoc EMA snapshots"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of :class:`~raydiff.train.ema_reconstruction.EmaOptions`."""
+    from raydiff.train.ema_reconstruction import EmaOptions
+
+    add_options(parser, EmaOptions)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Reconstruct, write, and say what each file is and how to use it."""
+    from raydiff.train.ema_reconstruction import EmaOptions, reconstruct_ema
+
+    written = reconstruct_ema(options_from_args(EmaOptions, args))
+    for item in written:
+        origin = f" (--rate {item.rate})" if item.rate is not None else ""
+        print(
+            f"{item.name}{origin}: sigma_rel {item.sigma_rel:.4f}, reconstruction error "
+            f"{item.error:.1e} -> {item.path}"
+        )
+    checkpoint = written[0].path.parent
+    print(f"use: raydiff sample --checkpoint {checkpoint} --weights {written[0].name} ...")
+    return 0

@@ -1,0 +1,272 @@
+"""``raydiff ema``: EMA weights of any length, reconstructed after training from a run's post-hoc
+EMA snapshots (EDM2, Karras et al. 2024, sec. 3 and algorithm 3). No Ray here.
+
+A run trained with ``optim.posthoc_ema_stds`` leaves ``posthoc_ema/snapshot_NNNNNNN.pt`` files,
+each the tracked power-function profiles at its step. The weights of a target profile (its
+length sigma_rel, at the step of a checkpoint) are the least-squares combination of every
+snapshot up to that step (:func:`raydiff.train.posthoc_ema.reconstruction_coefficients`). They
+are written into the checkpoint folder as ``phema_<sigma_rel, three decimals>.pt``, a model
+state dict that ``raydiff sample --weights phema_0.080`` and the other commands take as they take
+``ema_<rate>``. Snapshots are read one at a time, so memory holds one snapshot and the targets.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from raydiff.errors import ConfigError, UserInputError
+from raydiff.flags import flag
+from raydiff.storage import StoragePath, as_location, write_bytes_atomically
+from raydiff.train.checkpoint import checkpoint_name, latest_checkpoint
+from raydiff.train.posthoc_ema import (
+    RECONSTRUCTION_ERROR_LIMIT,
+    profile_key,
+    rate_to_sigma_rel,
+    reconstruction_coefficients,
+    reconstruction_error,
+)
+from raydiff.train.run_files import POSTHOC_DIR
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_PATTERN = re.compile(r"^snapshot_(\d+)\.pt$")
+
+SIGMA_REL_GRID = np.round(np.arange(0.005, 0.2951, 0.005), 3)
+"""The lengths a refusal checks to say which ones the snapshots do represent."""
+
+
+def parse_lengths(text: str) -> tuple[float, ...]:
+    """``0.03,0.08`` or ``START:STOP:N`` (N lengths from START to STOP, both included)."""
+    try:
+        if ":" in text:
+            start, stop, count = text.split(":")
+            return tuple(float(v) for v in np.linspace(float(start), float(stop), int(count)))
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError("expected lengths like '0.05,0.10' or 'START:STOP:N'") from None
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError("expected rates like '0.9999,0.999'") from None
+
+
+@dataclass(kw_only=True)
+class EmaOptions:
+    """What ``raydiff ema`` is asked for (validated on construction)."""
+
+    section: ClassVar[str] = "ema"
+    """What a ``ConfigError`` of these options names as its section."""
+
+    run: str = flag("--run", help="a run folder trained with optim.posthoc_ema_stds (or a URI)")
+    sigma_rel: tuple[float, ...] = flag(
+        "--sigma-rel",
+        default=(),
+        from_arg=parse_lengths,
+        arg_default="",
+        help="EMA lengths (relative standard deviations) to reconstruct: '0.03,0.08,0.15' or "
+        "'START:STOP:N'",
+    )
+    rate: tuple[float, ...] = flag(
+        "--rate",
+        default=(),
+        from_arg=parse_rates,
+        arg_default="",
+        help="or improved-diffusion-style EMA rates (decay per step), each taken as the length "
+        "it has at --step",
+    )
+    step: int = flag(
+        "--step", default=0, help="the checkpoint step to write them to (0: the newest checkpoint)"
+    )
+
+    def __post_init__(self) -> None:
+        if not self.sigma_rel and not self.rate:
+            raise ConfigError(
+                section=self.section,
+                field="sigma_rel",
+                value="",
+                reason="give --sigma-rel LENGTHS (e.g. 0.05,0.10) or --rate RATES",
+            )
+        for value in self.sigma_rel:
+            if not 0 < value < 0.3:
+                raise ConfigError(
+                    section=self.section,
+                    field="sigma_rel",
+                    value=value,
+                    reason="a length is a relative standard deviation in (0, 0.3)",
+                )
+        for value in self.rate:
+            if not 0 < value < 1:
+                raise ConfigError(
+                    section=self.section, field="rate", value=value, reason="must lie in (0, 1)"
+                )
+        if self.step < 0:
+            raise ConfigError(
+                section=self.section, field="step", value=self.step, reason="must be >= 0"
+            )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One snapshot file: its step and the lengths it holds."""
+
+    step: int
+    path: StoragePath
+    sigma_rels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Reconstructed:
+    """One written length: its name (``phema_0.080``), length, where, and its fit."""
+
+    name: str
+    sigma_rel: float
+    path: StoragePath
+    error: float
+    rate: float | None = None
+
+
+def reconstruct_ema(options: EmaOptions) -> list[Reconstructed]:
+    """Reconstruct every length of ``options`` at its checkpoint and write it there. Every
+    length is checked against the snapshots before anything is read or written."""
+    run = as_location(options.run)
+    checkpoint = _checkpoint(run, options.step)
+    step = int(checkpoint.name.removeprefix("checkpoint_"))
+    tracked = _tracked_lengths(checkpoint)
+    every = list_snapshots(run, tracked=tracked)
+    if not tracked:
+        raise UserInputError(
+            f"{checkpoint} was saved by a run that tracked no post-hoc EMA "
+            "(its optim.posthoc_ema_stds is empty): choose a checkpoint saved while it tracked"
+        )
+    snapshots = [s for s in every if s.step <= step]
+    if not snapshots or snapshots[-1].step != step:
+        # Between two snapshots' times no combination represents a profile well (EDM2
+        # reconstructs at a snapshot's time): the step must have one.
+        steps = ", ".join(str(s.step) for s in every)
+        raise UserInputError(
+            f"--step {step}: the run has no post-hoc EMA snapshot at that step (its snapshots' "
+            f"steps: {steps}): choose the checkpoint of one of them"
+        )
+    lengths = [(s, None) for s in options.sigma_rel]
+    lengths += [(rate_to_sigma_rel(r, step=step), r) for r in options.rate]
+    pairs = [(float(s.step), float(sigma)) for s in snapshots for sigma in s.sigma_rels]
+    errors = [_checked_error(pairs, step, sigma, rate) for sigma, rate in lengths]
+    coefficients = reconstruction_coefficients(pairs, [(float(step), s) for s, _ in lengths])
+    states = _combine_snapshots(snapshots, coefficients, num_targets=len(lengths))
+    written = []
+    for (sigma, rate), error, state in zip(lengths, errors, states, strict=True):
+        name = f"phema_{profile_key(sigma)}"
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        path = checkpoint / f"{name}.pt"
+        write_bytes_atomically(path, buffer.getvalue())
+        written.append(Reconstructed(name=name, sigma_rel=sigma, path=path, error=error, rate=rate))
+    return written
+
+
+def list_snapshots(run: StoragePath, *, tracked: tuple[str, ...]) -> list[Snapshot]:
+    """The run's post-hoc EMA snapshots by step, each holding the ``tracked`` lengths; a
+    UserInputError when it has none."""
+    folder = as_location(run) / POSTHOC_DIR
+    found = []
+    if folder.is_dir():
+        for path in folder.iterdir():
+            match = SNAPSHOT_PATTERN.match(path.name)
+            if match:
+                found.append((int(match.group(1)), path))
+    if not found:
+        raise UserInputError(
+            f"{run} has no post-hoc EMA snapshots ({POSTHOC_DIR}/snapshot_*.pt): train it with "
+            "--set optim.posthoc_ema_stds=0.05,0.10 to reconstruct EMA lengths afterwards"
+        )
+    return [
+        Snapshot(step=step, path=path, sigma_rels=tracked)
+        for step, path in sorted(found, key=lambda item: item[0])
+    ]
+
+
+def _tracked_lengths(checkpoint: StoragePath) -> tuple[str, ...]:
+    """The lengths the run tracks, as its snapshots name them (its config's
+    ``optim.posthoc_ema_stds``)."""
+    file = as_location(checkpoint) / "config.json"
+    config = json.loads(file.read_text()) if file.is_file() else {}
+    text = str(config.get("optim", {}).get("posthoc_ema_stds", ""))
+    return tuple(profile_key(float(v)) for v in text.split(",") if v.strip())
+
+
+def _checkpoint(run: StoragePath, step: int) -> StoragePath:
+    """The checkpoint folder of ``step`` (0: the newest complete one)."""
+    if step == 0:
+        newest = latest_checkpoint(run)
+        if newest is None:
+            raise UserInputError(f"{run} has no complete checkpoint to write EMA weights into")
+        return as_location(newest)
+    folder = run / checkpoint_name(step)
+    if not folder.is_dir():
+        steps = sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint_"))
+        raise UserInputError(
+            f"--step {step}: {run} has no {folder.name}; its checkpoints: "
+            f"{', '.join(steps) or '(none)'}"
+        )
+    return folder
+
+
+def _checked_error(
+    pairs: list[tuple[float, float]], step: int, sigma_rel: float, rate: float | None
+) -> float:
+    """The target's reconstruction error, or a UserInputError saying which lengths fit."""
+    error = reconstruction_error(pairs, (float(step), sigma_rel))
+    if error <= RECONSTRUCTION_ERROR_LIMIT:
+        return error
+    good = [
+        s
+        for s in SIGMA_REL_GRID
+        if reconstruction_error(pairs, (float(step), s)) <= RECONSTRUCTION_ERROR_LIMIT
+    ]
+    possible = f"{min(good):.3f} to {max(good):.3f}" if good else "none"
+    given = f"--rate {rate} (length {sigma_rel:.4f} at step {step})" if rate else f"{sigma_rel}"
+    tracked = sorted({s for _, s in pairs})
+    raise UserInputError(
+        f"EMA length {given} cannot be reconstructed well at step {step} from the snapshots "
+        f"(tracked lengths {', '.join(f'{s:.3f}' for s in tracked)}; relative error "
+        f"{error:.2g} > {RECONSTRUCTION_ERROR_LIMIT:g}): lengths that can: {possible}"
+    )
+
+
+def _combine_snapshots(
+    snapshots: list[Snapshot], coefficients: np.ndarray, *, num_targets: int
+) -> list[dict[str, torch.Tensor]]:
+    """sum_i X[i, k] * profile_i for every target k, one snapshot file in memory at a time."""
+    sums: list[dict[str, torch.Tensor]] = [{} for _ in range(num_targets)]
+    row = 0
+    for snapshot in snapshots:
+        profiles = _load(snapshot.path)["profiles"]
+        missing = sorted(set(snapshot.sigma_rels) - set(profiles))
+        if missing:
+            raise UserInputError(
+                f"{snapshot.path} lacks the tracked lengths {missing} (it holds "
+                f"{sorted(profiles)}): optim.posthoc_ema_stds changed during the run"
+            )
+        for sigma in snapshot.sigma_rels:
+            for k in range(num_targets):
+                weight = float(coefficients[row, k])
+                for name, value in profiles[sigma].items():
+                    term = value.float() * weight
+                    sums[k][name] = sums[k][name] + term if name in sums[k] else term
+            row += 1
+    return sums
+
+
+def _load(path: StoragePath) -> dict:
+    return torch.load(io.BytesIO(as_location(path).read_bytes()), weights_only=True)
