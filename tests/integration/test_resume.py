@@ -2,7 +2,7 @@
 
 One Ray Train worker, the real Ray Data pipeline: a run started from the uninterrupted run's
 checkpoint of step 40 (epoch 1, batch 4 of 36; ``--resume``, into a folder of its own) reaches the
-same per-step losses and the same final weights as the run that never stopped. That takes the weights, EMA, optimiser and sampler from the
+same per-step losses, final weights and post-hoc EMA snapshots as the run that never stopped. That takes the weights, EMA, optimiser and sampler from the
 checkpoint, the data position (epoch, batches already seen, that epoch's block order) from it
 too, the loss-aware sampler's history (its actor) and refresh schedule, and every random draw of
 a step from (seed, rank, step).
@@ -30,6 +30,8 @@ def config(data_dir: Path, max_steps: int) -> ExperimentConfig:
             "diffusion.diffusion_steps=20",  # 200 losses warm the loss-aware sampler up
             "diffusion.noise_schedule=cosine",
             "optim.ema_rate=0.9",
+            "optim.posthoc_ema_stds=0.05,0.10",  # post-hoc EMA profiles continue exactly too
+            "optim.posthoc_ema_interval=4",
             f"train.batch_size={BATCH}",
             f"train.max_steps={max_steps}",
             "train.log_interval=8",
@@ -75,3 +77,13 @@ def test_a_resumed_one_worker_run_continues_the_data_order_and_the_losses(
         a = torch.load(whole / "checkpoint_000048" / name, weights_only=True)
         b = torch.load(parts / "checkpoint_000048" / name, weights_only=True)
         assert all(torch.equal(a[k], b[k]) for k in a), name
+    # The post-hoc EMA snapshots after the resume are the uninterrupted run's, bit for bit.
+    assert sorted(p.name for p in (parts / "posthoc_ema").iterdir()) == [
+        "snapshot_0000044.pt",
+        "snapshot_0000048.pt",
+    ]
+    for name in ("snapshot_0000044.pt", "snapshot_0000048.pt"):
+        a = torch.load(whole / "posthoc_ema" / name, weights_only=True)["profiles"]
+        b = torch.load(parts / "posthoc_ema" / name, weights_only=True)["profiles"]
+        assert a.keys() == b.keys() == {"0.050", "0.100"}
+        assert all(torch.equal(a[s][k], b[s][k]) for s in a for k in a[s]), name
