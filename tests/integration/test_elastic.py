@@ -287,27 +287,39 @@ def test_the_loss_history_matches_an_uninterrupted_run(elastic_run):
 
 def test_the_post_hoc_ema_snapshots_match_an_uninterrupted_run(elastic_run):
     """The power-function EMA profiles live in the checkpoint: through the lost node, the new
-    node and the preemption the run writes every snapshot one process writes, with the same
-    weights to the rounding that separates the two runs' losses (fp16 snapshots)."""
+    node and the preemption the run writes every snapshot one process writes, as close to it as
+    the two runs' final weights are to each other (the gradient all-reduce rounds differently on
+    2 workers than in one process) plus the fp16 rounding of a snapshot."""
     import torch
 
     names = sorted(p.name for p in (elastic_run.reference / "posthoc_ema").iterdir())
     assert names == [f"snapshot_{s:07d}.pt" for s in range(20, MAX_STEPS + 1, 20)]
     assert sorted(p.name for p in (elastic_run.out / "posthoc_ema").iterdir()) == names
+    final = f"checkpoint_{MAX_STEPS:06d}/model.pt"
+    weights = relative_difference(
+        torch.load(elastic_run.out / final, weights_only=True),
+        torch.load(elastic_run.reference / final, weights_only=True),
+    )
     largest = 0.0
     for name in names:
         a = torch.load(elastic_run.out / "posthoc_ema" / name, weights_only=True)["profiles"]
         b = torch.load(elastic_run.reference / "posthoc_ema" / name, weights_only=True)
-        b = b["profiles"]
-        assert a.keys() == b.keys() == {"0.050", "0.100"}
+        assert a.keys() == b["profiles"].keys() == {"0.050", "0.100"}
         for sigma, profile in a.items():
-            for key, value in profile.items():
-                difference = (value.float() - b[sigma][key].float()).abs().max()
-                largest = max(largest, float(difference))
-                torch.testing.assert_close(
-                    value.float(), b[sigma][key].float(), rtol=1e-2, atol=1e-3
-                )
-    print(f"\npost-hoc EMA snapshots, elastic run vs one process: largest difference {largest:.1e}")
+            largest = max(largest, relative_difference(profile, b["profiles"][sigma]))
+    print(
+        f"\npost-hoc EMA snapshots, elastic run vs one process: largest relative difference "
+        f"{largest:.1e} (final weights: {weights:.1e})"
+    )
+    assert largest <= weights + 1e-3
+
+
+def relative_difference(a: dict, b: dict) -> float:
+    """||a - b|| / ||b|| over every floating-point tensor of two state dicts."""
+    keys = [k for k, v in b.items() if v.is_floating_point()]
+    num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in keys)
+    den = sum(float(b[k].double().pow(2).sum()) for k in keys)
+    return (num / den) ** 0.5
 
 
 def losses(run_dir: Path) -> dict[int, float]:
