@@ -144,12 +144,11 @@ def plot_png(rows: list[SweepRow], ranking: Ranking, *, title: str) -> bytes:
     lengths = sorted((r.sigma_rel, float(v)) for r, v in points if not r.fixed and _finite(v))
     if lengths:
         axes.plot(*zip(*lengths, strict=True), marker="o", label="post-hoc EMA (reconstructed)")
-    for row, value in points:
-        if row.fixed and _finite(value):
-            axes.scatter([row.sigma_rel], [value], marker="s", color="tab:red", zorder=3)
-            axes.annotate(
-                row.name, (row.sigma_rel, value), textcoords="offset points", xytext=(5, 5)
-            )
+    fixed = [(row, value) for row, value in points if row.fixed and _finite(value)]
+    for index, (row, value) in enumerate(fixed):
+        label = "fixed-rate EMA (its length at the step)" if index == 0 else None
+        axes.scatter([row.sigma_rel], [value], marker="s", color="tab:red", zorder=3, label=label)
+        axes.annotate(row.name, (row.sigma_rel, value), textcoords="offset points", xytext=(5, 5))
     best = best_row(rows, ranking)
     if best is not None:
         axes.scatter(
@@ -165,7 +164,7 @@ def plot_png(rows: list[SweepRow], ranking: Ranking, *, title: str) -> bytes:
     axes.set_ylabel(f"{ranking.key} ({'lower' if ranking.mode == 'min' else 'higher'} is better)")
     axes.set_title(title)
     axes.grid(alpha=0.3)
-    if lengths or best is not None:
+    if lengths or fixed or best is not None:
         axes.legend(loc="best", fontsize="small")
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")

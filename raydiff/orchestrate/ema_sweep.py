@@ -287,8 +287,9 @@ class WeightsValidator:
         self.spec = task_spec(config.train.task)
         # A task whose validation reads no runtime (a classifier's): the loop's hooks are unused.
         self.task = self.spec.build(config, runtime=None)  # type: ignore[arg-type]
-        self.images = torch.from_numpy(images)
-        self.labels = torch.from_numpy(labels)
+        # Copies: the object store's arrays are read-only.
+        self.images = torch.tensor(images)
+        self.labels = torch.tensor(labels)
 
     def evaluate(self, weights: str, *, seed: int, batch_size: int = 64) -> dict[str, float]:
         """The task's declared validation metrics of ``weights`` (the loop's at an eval)."""
