@@ -1,5 +1,6 @@
 """``raydiff ema`` (``python jobs/ema.py``): EMA weights of any length from a run's post-hoc EMA
-snapshots, written into one of its checkpoints. Its options are
+snapshots, written into one of its checkpoints; with ``--evaluate``, a sweep that evaluates and
+ranks them (:mod:`raydiff.orchestrate.ema_sweep`). Its options are
 :class:`~raydiff.train.ema_reconstruction.EmaOptions`' flags."""
 
 from __future__ import annotations
@@ -19,10 +20,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Reconstruct, write, and say what each file is and how to use it."""
+    """Reconstruct, write, and say what each file is and how to use it; with ``--evaluate``,
+    evaluate every length and print the table ranking them."""
     from raydiff.train.ema_reconstruction import EmaOptions, reconstruct_ema
 
-    written = reconstruct_ema(options_from_args(EmaOptions, args))
+    options = options_from_args(EmaOptions, args)
+    if options.evaluate:
+        from raydiff.orchestrate.ema_sweep import run_ema_sweep
+
+        written, report = run_ema_sweep(options)
+    else:
+        written, report = reconstruct_ema(options), None
     for item in written:
         origin = f" (--rate {item.rate})" if item.rate is not None else ""
         print(
@@ -30,5 +38,11 @@ def run(args: argparse.Namespace) -> int:
             f"{item.error:.1e} -> {item.path}"
         )
     checkpoint = written[0].path.parent
-    print(f"use: raydiff sample --checkpoint {checkpoint} --weights {written[0].name} ...")
+    if report is None:
+        print(f"use: raydiff sample --checkpoint {checkpoint} --weights {written[0].name} ...")
+        return 0
+    print(report.table)
+    print(f"table: {report.csv}\nplot: {report.plot}")
+    if report.best is not None:
+        print(f"use: raydiff sample --checkpoint {checkpoint} --weights {report.best.name} ...")
     return 0

@@ -122,10 +122,15 @@ def _split_images(
 
 
 def file_bpd_results(
-    job: BpdJob, options: BpdOptions, *, terms: dict[str, np.ndarray], seconds: float
+    job: BpdJob,
+    options: BpdOptions,
+    *,
+    terms: dict[str, np.ndarray],
+    seconds: float,
+    tensorboard: bool = True,
 ) -> BpdResult:
-    """Write the terms and the summary JSON under ``job.out`` (uploaded for a URI), and the
-    bound to the run's TensorBoard."""
+    """Write the terms and the summary JSON under ``job.out`` (uploaded for a URI), and (with
+    ``tensorboard``) the bound to the run's TensorBoard."""
     from raydiff.evaluate.bpd import summarize_terms, write_terms
 
     summary = summarize_terms(terms, num_timesteps=job.num_timesteps)
@@ -157,13 +162,14 @@ def file_bpd_results(
         json_path = results.publish(write_json(results.local / f"{stem}.json", result).name)
     finally:
         results.close()
-    if job.run is not None:
+    board = job.run if tensorboard else None
+    if board is not None:
         scalars = {stem: summary["bpd"], f"{stem}_stderr": summary["bpd_stderr"]}
-        add_to_tensorboard(job.run.run_dir, step=job.run.step, scalars=scalars)
+        add_to_tensorboard(board.run_dir, step=board.step, scalars=scalars)
     return BpdResult(
         summary=result,
         json_path=json_path,
         terms_path=terms_path,
         seconds=seconds,
-        tensorboard_run=job.run.run_dir if job.run is not None else None,
+        tensorboard_run=board.run_dir if board is not None else None,
     )

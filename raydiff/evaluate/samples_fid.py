@@ -59,13 +59,15 @@ def run_fid(
     batch_size: int = 64,
     out: str | None = None,
     features: str | None = None,
+    tensorboard: bool = True,
 ) -> FidResult:
     """FID, KID, precision and recall of ``samples`` against ``reference`` (default: the
     samples' run's dataset), written to ``fid_SPLIT.json`` beside the samples (or ``out``).
 
     ``features``: a clean raydiff classifier checkpoint whose penultimate features replace
     Inception's; the results are then ``fd_classifier``, ``kd_classifier_mean``, ...
-    (:data:`CLASSIFIER_NAMES`) in ``fd_classifier_SPLIT.json``."""
+    (:data:`CLASSIFIER_NAMES`) in ``fd_classifier_SPLIT.json``. ``tensorboard``: also add them
+    to the samples' run's TensorBoard (a sweep of many weights of one checkpoint does not)."""
     location, folder = samples_location(samples)
     record = read_sampling_record(folder)
     run = run_checkpoint(record["checkpoint"]) if record.get("checkpoint") else None
@@ -96,7 +98,7 @@ def run_fid(
         summary["checkpoint"] = record["checkpoint"]
     default_name = f"{names['fid']}_{split}.json"
     json_path = write_json(resolve_location(out) if out else folder / default_name, summary)
-    if run is not None:
+    if run is not None and tensorboard:
         scalars = {}
         suffix = sampler_suffix(record)
         for name, key in TENSORBOARD_SCALARS.items():
@@ -105,7 +107,9 @@ def run_fid(
                 scalars[f"{names[key] if features else name}_{split}{suffix}"] = value
         add_to_tensorboard(run.run_dir, step=run.step, scalars=scalars)
     return FidResult(
-        summary=summary, json_path=json_path, tensorboard_run=run.run_dir if run else None
+        summary=summary,
+        json_path=json_path,
+        tensorboard_run=run.run_dir if run and tensorboard else None,
     )
 
 

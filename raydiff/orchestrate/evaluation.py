@@ -25,8 +25,11 @@ __all__ = ["BpdResult", "run_bpd"]
 logger = logging.getLogger(__name__)
 
 
-def run_bpd(options: BpdOptions, *, address: str | None = None) -> BpdResult:
-    """The bound in bits/dim of ``options.split``'s images under the checkpoint's model."""
+def run_bpd(
+    options: BpdOptions, *, address: str | None = None, tensorboard: bool = True
+) -> BpdResult:
+    """The bound in bits/dim of ``options.split``'s images under the checkpoint's model;
+    ``tensorboard``: also in its run's TensorBoard (a sweep of many weights does not)."""
     from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console
 
     job = prepare_bpd(options)  # every check before Ray starts
@@ -44,7 +47,8 @@ def run_bpd(options: BpdOptions, *, address: str | None = None) -> BpdResult:
     )
     start = time.monotonic()
     terms = _bound_on_actors(job, options)
-    return file_bpd_results(job, options, terms=terms, seconds=time.monotonic() - start)
+    seconds = time.monotonic() - start
+    return file_bpd_results(job, options, terms=terms, seconds=seconds, tensorboard=tensorboard)
 
 
 def _bound_on_actors(job: BpdJob, options: BpdOptions) -> dict[str, np.ndarray]:

@@ -88,6 +88,61 @@ class EmaOptions:
     step: int = flag(
         "--step", default=0, help="the checkpoint step to write them to (0: the newest checkpoint)"
     )
+    evaluate: bool = flag(
+        "--evaluate",
+        default=False,
+        help="then evaluate every length and the checkpoint's fixed-rate EMAs on Ray actors, and "
+        "write a table, CSV and plot ranking them (see docs/posthoc_ema.md)",
+    )
+    features: str | None = flag(
+        "--features",
+        default=None,
+        help="--evaluate, diffusion models: measure FD, precision and recall in the features of "
+        "this clean classifier checkpoint (e.g. of evaluator_demo) instead of Inception's",
+    )
+    inception: str | None = flag(
+        "--inception",
+        default=None,
+        help="--evaluate, diffusion models: or the FID Inception weights file (one of --features "
+        "/ --inception is needed)",
+    )
+    num_samples: int = flag(
+        "--num-samples",
+        default=0,
+        help="--evaluate, diffusion models: samples per weights (the same seed for every one)",
+    )
+    num_images: int = flag(
+        "--num-images",
+        default=64,
+        help="--evaluate: the val images of each weights' bits/dim or accuracy (default: "
+        "%(default)s)",
+    )
+    num_workers: int = flag(
+        "--num-workers", default=1, help="--evaluate: Ray actors (default: %(default)s)"
+    )
+    timestep_respacing: str = flag(
+        "--timestep-respacing",
+        default="ddim25",
+        help="--evaluate: the sampling steps, e.g. 'ddim25', '250' (default: %(default)s)",
+    )
+    use_ddim: bool = flag(
+        "--use-ddim", default=True, help="--evaluate: DDIM sampling (default: on)"
+    )
+    bpd_respacing: str = flag(
+        "--bpd-respacing",
+        default="",
+        help="--evaluate: the bits/dim of a respaced chain, e.g. '100' (cheaper, looser; "
+        "default: all of the model's steps)",
+    )
+    seed: int = flag(
+        "--seed", default=0, help="--evaluate: the seed of every weights' samples and noise"
+    )
+    out: str | None = flag(
+        "--out",
+        default=None,
+        help="--evaluate: the sweep's folder, new or empty (default: "
+        "RUN/posthoc_ema/sweep_NNNNNNN, the checkpoint's step); a path or a URI",
+    )
 
     def __post_init__(self) -> None:
         if not self.sigma_rel and not self.rate:
@@ -114,6 +169,38 @@ class EmaOptions:
             raise ConfigError(
                 section=self.section, field="step", value=self.step, reason="must be >= 0"
             )
+        self._check_evaluation()
+
+    def _check_evaluation(self) -> None:
+        """The ``--evaluate`` options: in range, and given only with it. Whether the run's task
+        needs ``--num-samples`` and an evaluator is checked once its config is read."""
+        for name, low in (("num_samples", 0), ("num_images", 1), ("num_workers", 1), ("seed", 0)):
+            if getattr(self, name) < low:
+                raise ConfigError(
+                    section=self.section,
+                    field=name,
+                    value=getattr(self, name),
+                    reason=f"must be >= {low}",
+                )
+        if self.features and self.inception:
+            raise ConfigError(
+                section=self.section,
+                field="features",
+                value=self.features,
+                reason="measures in a classifier's features: drop --inception",
+            )
+        given = [
+            name
+            for name, value in (
+                ("--features", self.features),
+                ("--inception", self.inception),
+                ("--num-samples", self.num_samples),
+                ("--out", self.out),
+            )
+            if value
+        ]
+        if given and not self.evaluate:
+            raise UserInputError(f"{' / '.join(given)} apply to a sweep: add --evaluate")
 
 
 @dataclass(frozen=True)
@@ -140,7 +227,7 @@ def reconstruct_ema(options: EmaOptions) -> list[Reconstructed]:
     """Reconstruct every length of ``options`` at its checkpoint and write it there. Every
     length is checked against the snapshots before anything is read or written."""
     run = as_location(options.run)
-    checkpoint = _checkpoint(run, options.step)
+    checkpoint = checkpoint_folder(run, options.step)
     step = int(checkpoint.name.removeprefix("checkpoint_"))
     tracked = _tracked_lengths(checkpoint)
     every = list_snapshots(run, tracked=tracked)
@@ -205,7 +292,7 @@ def _tracked_lengths(checkpoint: StoragePath) -> tuple[str, ...]:
     return tuple(profile_key(float(v)) for v in text.split(",") if v.strip())
 
 
-def _checkpoint(run: StoragePath, step: int) -> StoragePath:
+def checkpoint_folder(run: StoragePath, step: int) -> StoragePath:
     """The checkpoint folder of ``step`` (0: the newest complete one)."""
     if step == 0:
         newest = latest_checkpoint(run)

@@ -257,4 +257,5 @@ SPEC = TaskSpec(
     ),
     metrics=CLASSIFIER_METRICS,
     train_command="train-classifier",
+    posthoc_sweep="validation",  # ranked by val_acc@1, its first objective
 )

@@ -140,4 +140,6 @@ SPEC = TaskSpec(
     ),
     metrics=DIFFUSION_METRICS,  # its bound and loss, each image given its input
     low_res_input=True,
+    # Its samples need low-resolution inputs: a post-hoc EMA sweep ranks it by its val bound.
+    posthoc_sweep="bound",
 )

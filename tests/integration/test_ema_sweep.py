@@ -1,0 +1,110 @@
+"""``raydiff ema --evaluate``: a post-hoc EMA sweep of a tiny diffusion model on the shared local
+cluster, FD measured in a tiny clean classifier's features, twice with the same seed."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from conftest import TinyDataset
+from tiny_model import tiny_classifier, tiny_model
+
+from raydiff.cli import main
+from raydiff.config import ExperimentConfig, apply_overrides
+from raydiff.train.local import run_single_process
+
+pytestmark = pytest.mark.integration
+
+STEPS = 24
+
+
+def train(out: Path, overrides: list[str], dataset: Path) -> Path:
+    """``overrides`` trained ``STEPS`` steps in this process; its last checkpoint."""
+    config = apply_overrides(
+        ExperimentConfig(),
+        [
+            *overrides,
+            f"data.data_dir={dataset}",
+            "train.batch_size=16",
+            f"train.max_steps={STEPS}",
+            f"train.save_interval={STEPS}",
+            "train.sample_interval=0",
+            "train.eval_interval=0",
+            "optim.lr=1e-3",
+        ],
+    )
+    run_single_process(config, output_dir=out)
+    return out / f"checkpoint_{STEPS:06d}"
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_dataset: TinyDataset, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A diffusion run tracking two post-hoc EMA lengths (a snapshot every 2 steps) and a fixed
+    EMA of 0.9, and a clean classifier of the same data as the evaluator."""
+    root = tmp_path_factory.mktemp("ema_sweep")
+    diffusion = [
+        *tiny_model(),
+        "diffusion.diffusion_steps=20",
+        "diffusion.noise_schedule=cosine",
+        "optim.ema_rate=0.9",
+        "optim.posthoc_ema_stds=0.05,0.10",
+        "optim.posthoc_ema_interval=2",
+    ]
+    evaluator = [*tiny_classifier(), "classifier.noised=false"]
+    train(root / "diffusion", diffusion, tiny_dataset.path)
+    return root / "diffusion", train(root / "evaluator", evaluator, tiny_dataset.path)
+
+
+def sweep(run: Path, evaluator: Path, out: Path, capsys: pytest.CaptureFixture) -> str:
+    code = main(
+        [
+            "ema",
+            "--run",
+            str(run),
+            "--sigma-rel",
+            "0.06:0.10:3",
+            "--evaluate",
+            "--features",
+            str(evaluator),
+            "--num-samples",
+            "8",
+            "--num-images",
+            "8",
+            "--num-workers",
+            "2",
+            "--timestep-respacing",
+            "ddim5",
+            "--out",
+            str(out),
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    return printed
+
+
+def test_a_sweep_ranks_every_length_and_the_fixed_ema(
+    ray_cluster: None, runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run, evaluator = runs
+    printed = sweep(run, evaluator, tmp_path / "first", capsys)
+    with open(tmp_path / "first" / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    names = [r["weights"] for r in rows]
+    assert names == ["phema_0.060", "phema_0.080", "phema_0.100", "ema_0.9"]
+    for row in rows:
+        for key in ("fd_classifier", "precision_classifier", "recall_classifier", "val_bpd"):
+            assert float(row[key]) == pytest.approx(float(row[key]))  # finite, not NaN
+            assert abs(float(row[key])) < float("inf")
+    assert rows[-1]["reconstruction_error"] == "" and rows[-1]["rate"] == "0.9"
+    assert all(float(r["reconstruction_error"]) < 1e-2 for r in rows[:-1])
+    [best] = [r for r in rows if r["best"] == "1"]
+    assert best["fd_classifier"] == min((r["fd_classifier"] for r in rows), key=float)
+    assert f"best: {best['weights']}" in printed
+    assert (tmp_path / "first" / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The same seed: the same samples, the same numbers.
+    sweep(run, evaluator, tmp_path / "again", capsys)
+    assert (tmp_path / "again" / "sweep.csv").read_text() == (
+        tmp_path / "first" / "sweep.csv"
+    ).read_text()
