@@ -150,7 +150,12 @@ def _guidance_and_classes(
         from raydiff.sample.load import parse_model_flags
 
         flags = parse_model_flags(options.classifier_flags) if options.classifier_flags else None
-        classifier = load_classifier(options.classifier, flags=flags, model_config=config)
+        classifier = load_classifier(
+            options.classifier,
+            flags=flags,
+            model_config=config,
+            weights=options.classifier_weights,
+        )
         check_guides(classifier.config, config, name=f"--classifier {options.classifier}")
         num_classes = classifier.config.model.num_classes
         guidance = Guidance.of(classifier, scale=options.classifier_scale)

@@ -61,11 +61,14 @@ def load_classifier(
     flags: dict[str, str] | None = None,
     model_config: Any = None,
     flag: str = "--classifier",
+    weights: str | None = None,
 ) -> Classifier:
     """The classifier at ``path``: a raydiff classifier checkpoint folder (its config.json
-    describes it; ``flags`` must be None), or a published state dict described by ``flags`` (for
-    the images and classes of ``model_config``'s model). A checkpoint of a diffusion model, or
-    flags that do not match the file's keys, is a one-line error naming ``flag``."""
+    describes it; ``flags`` must be None; ``weights`` picks ``model``, an ``ema_RATE`` or a
+    ``phema_LENGTH`` of it, default: its first EMA rate, else its model), or a published state
+    dict described by ``flags`` (for the images and classes of ``model_config``'s model). A
+    checkpoint of a diffusion model, or flags that do not match the file's keys, is a one-line
+    error naming ``flag``."""
     from raydiff.sample.load import load_sampling_model
 
     location = as_location(path)
@@ -75,8 +78,10 @@ def load_classifier(
                 f"{flag} {path} is a raydiff checkpoint: its config.json describes the "
                 f"classifier (--classifier-flags are for published .pt files)"
             )
-        loaded = load_sampling_model(location, task="classifier")
+        loaded = load_sampling_model(location, task="classifier", weights=weights)
         return Classifier(network=loaded.model, config=loaded.config)
+    if weights is not None:
+        raise UserInputError(f"{flag}-weights applies to raydiff checkpoints; {path} is one file")
     file = Path(location)
     if not file.is_file():
         raise FileNotFoundError(f"{flag} {str(path)!r} does not exist")

@@ -107,6 +107,12 @@ class SampleOptions(ModelSource):
         "32,16,8' (default: guided-diffusion's defaults; image size and classes follow the "
         "model)",
     )
+    classifier_weights: str | None = flag(
+        "--classifier-weights",
+        default=None,
+        help="a raydiff classifier checkpoint's weights: 'model', 'ema_RATE' or 'phema_LENGTH' "
+        "(raydiff ema's; default: its first EMA rate, else its model)",
+    )
     classifier_scale: float = flag(
         "--classifier-scale",
         default=1.0,
@@ -153,10 +159,11 @@ class SampleOptions(ModelSource):
             raise self._invalid("eta", "must be >= 0")
         if self.eta and not self.use_ddim:
             raise UserInputError("--eta applies to DDIM sampling: add --use-ddim")
-        if not self.classifier and (self.classifier_flags or self.classifier_scale != 1.0):
+        guidance_options = (self.classifier_flags, self.classifier_weights)
+        if not self.classifier and (any(guidance_options) or self.classifier_scale != 1.0):
             raise UserInputError(
-                "--classifier-flags / --classifier-scale apply to classifier guidance: add "
-                "--classifier PATH"
+                "--classifier-flags / --classifier-weights / --classifier-scale apply to "
+                "classifier guidance: add --classifier PATH"
             )
         upsampler_options = (
             self.upsampler_weights,

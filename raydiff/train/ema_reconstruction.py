@@ -321,7 +321,7 @@ def _checked_error(
         for s in SIGMA_REL_GRID
         if reconstruction_error(pairs, (float(step), s)) <= RECONSTRUCTION_ERROR_LIMIT
     ]
-    possible = f"{min(good):.3f} to {max(good):.3f}" if good else "none"
+    possible = _ranges(good) or "none"
     given = f"--rate {rate} (length {sigma_rel:.4f} at step {step})" if rate else f"{sigma_rel}"
     tracked = sorted({s for _, s in pairs})
     raise UserInputError(
@@ -357,3 +357,17 @@ def _combine_snapshots(
 
 def _load(path: StoragePath) -> dict:
     return torch.load(io.BytesIO(as_location(path).read_bytes()), weights_only=True)
+
+
+def _ranges(lengths: list[float]) -> str:
+    """Lengths of :data:`SIGMA_REL_GRID` as runs of neighbours: ``0.050, 0.090 to 0.105``."""
+    step = float(SIGMA_REL_GRID[1] - SIGMA_REL_GRID[0])
+    runs: list[list[float]] = []
+    for value in lengths:
+        if runs and value - runs[-1][-1] <= step * 1.5:
+            runs[-1].append(value)
+        else:
+            runs.append([value])
+    return ", ".join(
+        f"{run[0]:.3f}" if len(run) == 1 else f"{run[0]:.3f} to {run[-1]:.3f}" for run in runs
+    )

@@ -111,3 +111,40 @@ def test_the_tracking_is_checked_and_announced(caplog) -> None:
         apply_overrides(ExperimentConfig(), ["optim.posthoc_ema_stds=0.05,0.5"])
     with pytest.raises(ConfigError, match=r"posthoc_ema_interval=-1 is invalid"):
         apply_overrides(ExperimentConfig(), ["optim.posthoc_ema_interval=-1"])
+
+
+def test_a_classifier_guides_with_a_reconstructed_length(tmp_path: Path) -> None:
+    """A classifier run tracks post-hoc EMA too; `raydiff sample --classifier-weights
+    phema_LENGTH` loads the reconstructed weights (and nothing without --classifier)."""
+    from tiny_model import tiny_classifier
+
+    from raydiff.sample.classifier import load_classifier
+    from raydiff.sample.options import SampleOptions
+
+    out = tmp_path / "classifier"
+    config = apply_overrides(
+        ExperimentConfig(),
+        [
+            *tiny_classifier(image_size=8, num_classes=3),
+            "classifier.classifier_attention_resolutions=4",
+            "diffusion.diffusion_steps=40",
+            "train.batch_size=8",
+            "train.max_steps=8",
+            "train.save_interval=8",
+            "train.sample_interval=0",
+            "train.eval_interval=0",
+            "optim.posthoc_ema_stds=0.05,0.10",
+            "optim.posthoc_ema_interval=2",
+        ],
+    )
+    images = torch.rand(16, 1, 8, 8, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    labels = torch.arange(16) % 3
+    runtime = LocalRuntime(config, output_dir=out, resume=None, images=images, labels=labels)
+    run_loop(config, runtime=runtime, output_dir=out)
+    [written] = reconstruct_ema(EmaOptions(run=str(out), sigma_rel=(0.1,)))
+    guide = load_classifier(out / "checkpoint_000008", weights="phema_0.100")
+    expected = torch.load(written.path, weights_only=True)
+    for name, value in guide.network.state_dict().items():
+        torch.testing.assert_close(value.float(), expected[name].float())
+    with pytest.raises(UserInputError, match=r"--classifier-weights .* add --classifier PATH"):
+        SampleOptions(checkpoint="c", num_samples=1, out="o", classifier_weights="phema_0.070")
