@@ -217,13 +217,18 @@ def run_trial(
     # Which trial this run is, and when it (last) started.
     info = {"trial_id": tune.get_context().get_trial_id(), "params": params, "started": time.time()}
     (run_dir / TRIAL_FILE).write_text(json.dumps(info, indent=2))
-    run_training_job(
+    result = run_training_job(
         config,
         output_dir=run_dir,
         manifest=manifest,
         callbacks=[EvaluationRelay(loaded.sweep.metric)],
         cached_splits=cached_splits,
     )
+    if result.get("already_finished") and loaded.sweep.metric in result:
+        # Interrupted after its last checkpoint but before Tune saw the last report (resumed
+        # with --resume): no step ran, so say where it ended, with what its checkpoint kept.
+        numbers = {k: v for k, v in result.items() if isinstance(v, int | float)}
+        tune.report({k: v for k, v in numbers.items() if not isinstance(v, bool)})
 
 
 def _trainable(

@@ -7,6 +7,7 @@ Layout of ``checkpoint_000500/``::
     trainer.pt            optimiser, grad scaler, timestep sampler (incl. loss history), step,
                           skipped steps, data position, RNG states
     config.json           the full resolved config
+    metrics.json          the metrics reported with it (what a finished run's rerun prints)
     progress.json         step and data position (epoch, samples into it), readable without torch
     files.json            written last: every other file's name and size in bytes
 
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d+)$")
 PROGRESS_FILE = "progress.json"
 FILES_FILE = "files.json"
+METRICS_FILE = "metrics.json"
 #: RankOptimizer-state entries copied to progress.json: optimiser steps taken, the data epoch and how
 #: many (global) samples of that epoch were consumed.
 PROGRESS_KEYS = ("step", "epoch", "epoch_samples")
@@ -65,6 +67,7 @@ def write_checkpoint_files(
     ema_states: dict[float, dict[str, torch.Tensor]],
     trainer_state: dict[str, Any],
     config: dict[str, Any],
+    metrics: dict[str, Any] | None = None,
 ) -> None:
     """Write the checkpoint files into an existing (empty) ``directory``."""
     # torch is imported by the functions that need it: the folder logic is also used where torch
@@ -76,6 +79,9 @@ def write_checkpoint_files(
         torch.save(state, directory / f"ema_{rate}.pt")
     torch.save(trainer_state, directory / "trainer.pt")
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    if metrics is not None:
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+        (directory / METRICS_FILE).write_text(json.dumps(numbers, indent=2, sort_keys=True))
     progress = {k: int(trainer_state[k]) for k in PROGRESS_KEYS if k in trainer_state}
     (directory / PROGRESS_FILE).write_text(json.dumps(progress, indent=2, sort_keys=True))
     # Last: the list that tells a complete checkpoint (or copy of one) from a partial one.
@@ -112,6 +118,12 @@ def read_progress(directory: StoragePath) -> dict[str, int]:
     if not path.is_file():
         return {}
     return {k: int(v) for k, v in json.loads(path.read_text()).items()}
+
+
+def read_metrics(directory: StoragePath) -> dict[str, float]:
+    """The metrics reported with a checkpoint ({} for one written before they were kept)."""
+    path = as_location(directory) / METRICS_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def save_checkpoint(root: StoragePath, step: int, **files: Any) -> StoragePath:

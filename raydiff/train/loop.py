@@ -214,7 +214,7 @@ class TrainingLoop:
             report.update(self.evaluate())
         if self.files is not None:
             self.log(report, publish_now=is_save)
-        checkpoint = self.checkpoint() if is_save else None
+        checkpoint = self.checkpoint(report) if is_save else None
         self.runtime.report(report, step=step, checkpoint=checkpoint)
         self.last_report.update(report)
         if preempted is not None:
@@ -287,10 +287,11 @@ class TrainingLoop:
 
     # ------------------------------------------------------------------ checkpoint
 
-    def checkpoint(self) -> functools.partial[dict[str, Any]]:
+    def checkpoint(self, report: dict[str, Any]) -> functools.partial[dict[str, Any]]:
         """Check that all ranks hold the same weights (a collective), then the function that
-        gives the checkpoint's contents (the runtime calls it on the main rank only)."""
-        return functools.partial(self.checkpoint_files, self.rank_fingerprints())
+        gives the checkpoint's contents (the runtime calls it on the main rank only); ``report``:
+        the metrics reported with it, kept in the checkpoint."""
+        return functools.partial(self.checkpoint_files, self.rank_fingerprints(), dict(report))
 
     def rank_fingerprints(self) -> list[list[float]]:
         """Every rank's :meth:`RankOptimizer.weight_fingerprint` (a collective: all ranks call it);
@@ -307,7 +308,9 @@ class TrainingLoop:
             )
         return table.tolist()
 
-    def checkpoint_files(self, fingerprints: list[list[float]]) -> dict[str, Any]:
+    def checkpoint_files(
+        self, fingerprints: list[list[float]], report: dict[str, Any]
+    ) -> dict[str, Any]:
         """What a checkpoint holds (main rank; a loss-history actor is read here)."""
         trainer = self.optimizer
         trainer_state = trainer.state_dict()
@@ -321,4 +324,5 @@ class TrainingLoop:
             },
             "trainer_state": trainer_state,
             "config": to_dict(self.config),
+            "metrics": report,
         }

@@ -24,7 +24,12 @@ from raydiff.config import (
 from raydiff.data.manifest import Manifest, check_compatible
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.storage import StoragePath, as_location, is_local
-from raydiff.train.checkpoint import read_progress, require_checkpoint_dir, resume_point
+from raydiff.train.checkpoint import (
+    read_metrics,
+    read_progress,
+    require_checkpoint_dir,
+    resume_point,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +245,13 @@ def plan_start(
             config.train.max_steps,
             step,
         )
-        finished = {"step": step, "checkpoint": str(checkpoint), "output_dir": str(output_dir)}
+        finished = {
+            **read_metrics(checkpoint),  # what the run reported with it
+            "step": step,
+            "checkpoint": str(checkpoint),
+            "output_dir": str(output_dir),
+            "already_finished": True,
+        }
         return StartPoint(checkpoint=checkpoint, progress=progress, finished=finished)
     check_resume_compatible(config, checkpoint)
     return StartPoint(checkpoint=checkpoint, progress=progress, finished=None)

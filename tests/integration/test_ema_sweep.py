@@ -108,3 +108,29 @@ def test_a_sweep_ranks_every_length_and_the_fixed_ema(
     assert (tmp_path / "again" / "sweep.csv").read_text() == (
         tmp_path / "first" / "sweep.csv"
     ).read_text()
+
+
+def test_a_classifier_sweep_ranks_by_its_validation_accuracy(
+    ray_cluster: None, tiny_dataset: TinyDataset, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A noisy classifier tracking post-hoc EMA: each length's own validation on the val split,
+    the best the highest val_acc@1 (its spec's first objective), no samples drawn."""
+    classifier = [
+        *tiny_classifier(),
+        "optim.posthoc_ema_stds=0.05,0.10",
+        "optim.posthoc_ema_interval=2",
+    ]
+    run = train(tmp_path / "classifier", classifier, tiny_dataset.path).parent
+    out = tmp_path / "sweep"
+    argv = ["ema", "--run", str(run), "--sigma-rel", "0.06:0.10:3", "--evaluate"]
+    assert main([*argv, "--num-images", "16", "--num-workers", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    with open(out / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["weights"] for r in rows] == ["phema_0.060", "phema_0.080", "phema_0.100"]
+    accuracies = [float(r["val_acc@1"]) for r in rows]
+    assert all(0 <= a <= 1 for a in accuracies)
+    [best] = [r for r in rows if r["best"] == "1"]
+    assert float(best["val_acc@1"]) == max(accuracies)
+    assert f"best: {best['weights']}" in printed
+    assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

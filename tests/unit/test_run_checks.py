@@ -158,16 +158,19 @@ def test_refusals_and_finished_runs_return_without_ray(dataset, tmp_path):
     assert "nothing to train" in run.stderr and "--max-steps" in run.stderr
 
 
-def test_single_process_on_a_finished_run_trains_nothing(dataset, tmp_path, caplog):
-    """`--single-process` on a run at train.max_steps returns before loading data or a model."""
+def test_single_process_on_a_finished_run_trains_nothing(dataset, tmp_path, caplog, capsys):
+    """`--single-process` on a run at train.max_steps returns before loading data or a model,
+    with the metrics its last checkpoint kept (a resumed sweep trial reports them to Tune)."""
     out = tmp_path / "run"
     finished_checkpoint(out / "checkpoint_000008", step=8)
+    (out / "checkpoint_000008" / "metrics.json").write_text(json.dumps({"loss": 0.25}))
     overrides = [arg for o in BASE_OVERRIDES for arg in ("--set", o)]
     argv = ["train", "--single-process", *overrides, "--data", str(dataset)]
     with caplog.at_level("WARNING"):
         code = main([*argv, "--output", str(out), "--max-steps", "8"])
     assert code == 0
     assert "nothing to train" in caplog.text
+    assert "final metrics: step 8  loss 0.2500" in capsys.readouterr().out
     # No validation, sample grid, TensorBoard or new checkpoint: the folder is as it was.
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint_000008"]
 

@@ -12,7 +12,7 @@ from tiny_model import tiny_model
 from raydiff.config import ExperimentConfig, apply_overrides
 from raydiff.data.in_memory import infinite_batches
 from raydiff.storage import RemotePath
-from raydiff.train.checkpoint import latest_checkpoint, read_progress
+from raydiff.train.checkpoint import latest_checkpoint, read_metrics, read_progress
 from raydiff.train.local import LocalRuntime
 from raydiff.train.loop import run_loop
 
@@ -170,10 +170,13 @@ def test_a_resumed_run_continues_the_data_order_and_the_losses(tmp_path: Path) -
         events.Reload()
         return {e.step: e.value for e in events.Scalars("train/loss_step")}
 
-    run(7, tmp_path / "whole", log_interval=1)
+    last = run(7, tmp_path / "whole", log_interval=1)
     run(3, tmp_path / "parts", log_interval=1)
     run(7, tmp_path / "parts", log_interval=1)
     whole, parts = step_losses(tmp_path / "whole"), step_losses(tmp_path / "parts")
+    # The last checkpoint keeps the metrics reported with it (a rerun of the run prints them).
+    kept = read_metrics(tmp_path / "whole" / "checkpoint_000007")
+    assert kept["step"] == 7 and kept["loss"] == last["loss"] and "val_bpd" in kept
     assert sorted(parts) == list(range(1, 8))
     assert [parts[s] for s in range(4, 8)] == [whole[s] for s in range(4, 8)]
     for name in ("model.pt", "ema_0.9999.pt"):
