@@ -315,10 +315,11 @@ def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket(
     assert [r["trial"][:6] for r in rows] == ["t0000_", "t0001_"]
     for row in rows:
         assert 1e-4 <= float(row["lr"]) <= 1e-2 and row["small_size"] in ("4", "8")
-    # The finished trial did not run again; the interrupted one continued its own run.
+    # The finished trial did not run again; the interrupted one continued its own run (or, when
+    # SIGTERM came after its last checkpoint, found it finished and reported what it kept).
     assert (as_location(uri) / finished_trial / "trial.json").read_text() == started
     assert f"trial {rows[0]['trial']} started" not in output
-    assert "continuing from" in output or "resumed from" in output
+    assert any(s in output for s in ("continuing from", "resumed from", "nothing to train"))
 
     good = f"trials/{rows[1]['trial']}"
     assert {
