@@ -28,6 +28,7 @@ from raydiff.storage import StoragePath, as_location, write_bytes_atomically
 from raydiff.train.checkpoint import checkpoint_name, latest_checkpoint
 from raydiff.train.posthoc_ema import (
     RECONSTRUCTION_ERROR_LIMIT,
+    WeightedSum,
     profile_key,
     rate_to_sigma_rel,
     reconstruction_coefficients,
@@ -335,7 +336,7 @@ def _combine_snapshots(
     snapshots: list[Snapshot], coefficients: np.ndarray, *, num_targets: int
 ) -> list[dict[str, torch.Tensor]]:
     """sum_i X[i, k] * profile_i for every target k, one snapshot file in memory at a time."""
-    sums: list[dict[str, torch.Tensor]] = [{} for _ in range(num_targets)]
+    sums = [WeightedSum() for _ in range(num_targets)]
     row = 0
     for snapshot in snapshots:
         profiles = _load(snapshot.path)["profiles"]
@@ -346,13 +347,10 @@ def _combine_snapshots(
                 f"{sorted(profiles)}): optim.posthoc_ema_stds changed during the run"
             )
         for sigma in snapshot.sigma_rels:
-            for k in range(num_targets):
-                weight = float(coefficients[row, k])
-                for name, value in profiles[sigma].items():
-                    term = value.float() * weight
-                    sums[k][name] = sums[k][name] + term if name in sums[k] else term
+            for k, total in enumerate(sums):
+                total.add(profiles[sigma], float(coefficients[row, k]))
             row += 1
-    return sums
+    return [total.result() for total in sums]
 
 
 def _load(path: StoragePath) -> dict:

@@ -211,48 +211,60 @@ def reconstruction_error(
     return math.sqrt(max(float(distance_sq), 0.0) / norm_sq)
 
 
+class WeightedSum:
+    """sum_i c_i * state_i of state dicts added one at a time, in float32: one reconstructed
+    target, built while only one snapshot is in memory. Tensors that are not floating point
+    (integer buffers) cannot be averaged; they come from the last state dict, as EDM2 copies
+    buffers as they are."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, torch.Tensor] = {}
+        self.count = 0
+
+    def add(self, state: Mapping[str, torch.Tensor], coefficient: float) -> None:
+        """Add ``coefficient * state`` (its keys and shapes checked against the first's)."""
+        if self.count and set(state) != set(self.total):
+            differ = sorted(set(state) ^ set(self.total))
+            raise ValueError(
+                f"state dict {self.count} has other keys than state dict 0 (e.g. {differ[:3]}): "
+                "snapshots of one model have the same keys"
+            )
+        for key, value in state.items():
+            value = value.detach()
+            if not self.count:
+                self.total[key] = torch.zeros(value.shape, dtype=torch.float32, device=value.device)
+            elif value.shape != self.total[key].shape:
+                raise ValueError(
+                    f"{key!r} has shape {tuple(value.shape)} in state dict {self.count} but "
+                    f"{tuple(self.total[key].shape)} in state dict 0: snapshots of one model agree"
+                )
+            if value.is_floating_point():
+                self.total[key].add_(value.to(torch.float32), alpha=float(coefficient))
+            else:
+                self.total[key] = value.clone()
+        self.count += 1
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The sum so far (at least one state dict added)."""
+        if not self.count:
+            raise ValueError("no state dicts: a combination takes at least one snapshot")
+        return dict(self.total)
+
+
 def combine(
     state_dicts: Sequence[Mapping[str, torch.Tensor]], coefficients: Sequence[float]
 ) -> dict[str, torch.Tensor]:
-    """sum_i coefficients[i] * state_dicts[i], in float32: one reconstructed target from loaded
-    snapshots (a column of :func:`reconstruction_coefficients`).
-
-    Tensors that are not floating point (integer buffers) cannot be averaged; they come from
-    the last state dict, as EDM2 copies buffers as they are.
-    """
-    if len(state_dicts) == 0:
-        raise ValueError("no state dicts: a combination takes at least one snapshot")
+    """sum_i coefficients[i] * state_dicts[i] (:class:`WeightedSum`): one reconstructed target
+    from loaded snapshots (a column of :func:`reconstruction_coefficients`)."""
     if len(state_dicts) != len(coefficients):
         raise ValueError(
             f"{len(state_dicts)} state dicts but {len(coefficients)} coefficients: give one "
             "coefficient per snapshot"
         )
-    keys = list(state_dicts[0])
-    for index, state in enumerate(state_dicts[1:], start=1):
-        if set(state) != set(keys):
-            differ = sorted(set(state) ^ set(keys))
-            raise ValueError(
-                f"state dict {index} has other keys than state dict 0 (e.g. {differ[:3]}): "
-                "snapshots of one model have the same keys"
-            )
-    return {key: _combine_tensor(key, state_dicts, coefficients) for key in keys}
-
-
-def _combine_tensor(
-    key: str, state_dicts: Sequence[Mapping[str, torch.Tensor]], coefficients: Sequence[float]
-) -> torch.Tensor:
-    first = state_dicts[0][key]
-    if not first.is_floating_point():
-        return state_dicts[-1][key].detach().clone()
-    total = torch.zeros(first.shape, dtype=torch.float32, device=first.device)
-    for index, (state, coefficient) in enumerate(zip(state_dicts, coefficients, strict=True)):
-        if state[key].shape != first.shape:
-            raise ValueError(
-                f"{key!r} has shape {tuple(state[key].shape)} in state dict {index} but "
-                f"{tuple(first.shape)} in state dict 0: snapshots of one model agree"
-            )
-        total.add_(state[key].detach().to(torch.float32), alpha=float(coefficient))
-    return total
+    total = WeightedSum()
+    for state, coefficient in zip(state_dicts, coefficients, strict=True):
+        total.add(state, coefficient)
+    return total.result()
 
 
 def profile_key(sigma_rel: float) -> str:
