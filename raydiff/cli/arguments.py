@@ -13,9 +13,11 @@ import argparse
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
-from raydiff.errors import ConfigError
+from raydiff.errors import ConfigError, UserInputError
 from raydiff.flags import MISSING
 
 OptionsT = TypeVar("OptionsT")
@@ -45,12 +47,22 @@ def add_options(parser: argparse.ArgumentParser, options_type: type) -> None:
     parser.set_defaults(options_type=options_type)
 
 
-def options_from_args(options_type: type[OptionsT], args: argparse.Namespace) -> OptionsT:
+def options_from_args(
+    options_type: type[OptionsT],
+    args: argparse.Namespace,
+    *,
+    file_values: Mapping[str, Any] | None = None,
+) -> OptionsT:
     """``options_type`` built from the parsed arguments of its flags (other fields keep their
-    defaults); a ``from_arg`` conversion that fails is a :class:`ConfigError` of that field."""
+    defaults); a ``from_arg`` conversion that fails is a :class:`ConfigError` of that field.
+
+    ``file_values`` (:func:`read_options_file`) fill the options the command line leaves at
+    their defaults: a flag typed with another value wins over the file."""
     kwargs = {}
     for f in _flag_fields(options_type):
         value = getattr(args, f.name)
+        if file_values and f.name in file_values and value == _argument_default(f):
+            value = file_values[f.name]
         convert = f.metadata["from_arg"]
         if convert is not None:
             try:
@@ -62,6 +74,63 @@ def options_from_args(options_type: type[OptionsT], args: argparse.Namespace) ->
                 ) from None
         kwargs[f.name] = value
     return options_type(**kwargs)
+
+
+def read_options_file(path: str, options_type: type) -> dict[str, Any]:
+    """A YAML file of ``options_type``'s options, keyed by field name (``sigma_rel``, or its
+    flag's name, ``sigma-rel``), each value of its field's type; a list of numbers stands for
+    the comma-separated text its flag takes. Unknown keys and values of the wrong type are
+    refused, naming the file, the key and what is valid."""
+    import yaml
+
+    file = Path(path)
+    if not file.is_file():
+        raise UserInputError(f"--config {path}: no such file")
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as err:
+        detail = " ".join(str(err).split())
+        raise UserInputError(f"--config {path} is not valid YAML: {detail}") from None
+    if not isinstance(data, Mapping):
+        raise UserInputError(f"--config {path} must hold a mapping of options")
+    # Every option but the file's own flag, which a file does not name.
+    fields = {f.name: f for f in _flag_fields(options_type) if f.name != "config"}
+    hints = typing.get_type_hints(options_type)
+    values = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in fields:
+            raise UserInputError(
+                f"--config {path}: {key!r} is no option (valid: {', '.join(sorted(fields))})"
+            )
+        values[name] = _file_value(value, fields[name], hints[name], where=f"--config {path}")
+    return values
+
+
+def _file_value(value: Any, f: dataclasses.Field[Any], hint: Any, *, where: str) -> Any:
+    """A file's value as its flag's parsed argument would be."""
+    if f.metadata["from_arg"] is not None:
+        if isinstance(value, list) and all(isinstance(v, int | float) for v in value):
+            return ",".join(str(v) for v in value)
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            return str(value)
+        raise UserInputError(
+            f"{where}: {f.name}: expected text or a list of numbers, got {value!r}"
+        )
+    kind = _without_none(hint)
+    if value is None and kind is not hint:
+        return None
+    if get_origin(kind) is Literal:
+        if value in get_args(kind):
+            return value
+        raise UserInputError(f"{where}: {f.name}: {value!r} is not one of {get_args(kind)}")
+    expected = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}.get(kind)
+    wrong_bool = isinstance(value, bool) and kind is not bool  # YAML's true is an int too
+    if expected is None or (isinstance(value, expected) and not wrong_bool):
+        return value
+    raise UserInputError(
+        f"{where}: {f.name}: expected {kind.__name__}, got {value!r} ({type(value).__name__})"
+    )
 
 
 def flag_of(error: ConfigError, args: argparse.Namespace) -> str | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from raydiff.cli.arguments import add_options, options_from_args
+from raydiff.cli.arguments import add_options, options_from_args, read_options_file
 
 HELP = "reconstruct EMA weights of any length from a run's post-hoc EMA snapshots"
 
@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     evaluate every length and print the table ranking them."""
     from raydiff.train.ema_reconstruction import EmaOptions, reconstruct_ema
 
-    options = options_from_args(EmaOptions, args)
+    from_file = read_options_file(args.config, EmaOptions) if args.config else None
+    options = options_from_args(EmaOptions, args, file_values=from_file)
     if options.evaluate:
         from raydiff.orchestrate.ema_sweep import run_ema_sweep
 

@@ -8,8 +8,10 @@ What is measured comes from the run's task (:attr:`raydiff.train.task.TaskSpec.p
   lengths differ only in their weights), their FD, precision and recall against the val split in
   an evaluator's features (:func:`raydiff.evaluate.samples_fid.run_fid`; ``--features`` or
   Inception's with ``--inception``), and the val bits/dim of ``--num-images`` images
-  (:func:`raydiff.orchestrate.evaluation.run_bpd`); ranked by FD.
-- ``bound`` (an upsampler, whose samples need low-resolution inputs): the val bits/dim only.
+  (:func:`raydiff.orchestrate.evaluation.run_bpd`); ranked by FD. An upsampler's samples
+  upsample the low-resolution versions of the first ``--num-samples`` val images (shrunk as in
+  training, written once to ``SWEEP/low_res/``), so its FD measures the upsampling of the val
+  split against the val split.
 - ``validation`` (a classifier): the task's own validation of the val split
   (``Task.evaluate``: accuracy of x_t and at t = 0), one actor per weights at a time; ranked by
   the task's first sweep objective.
@@ -23,16 +25,19 @@ one checkpoint would land on one step.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from raydiff.config import ExperimentConfig, from_dict
 from raydiff.errors import ConfigError, RunInterruptedError, UserInputError
 from raydiff.evaluate.ema_sweep_report import Ranking, SweepReport, SweepRow, write_sweep_report
-from raydiff.storage import StoragePath, as_location
+from raydiff.storage import StoragePath, as_location, write_bytes_atomically
 from raydiff.train.ema_reconstruction import (
     EmaOptions,
     Reconstructed,
@@ -82,7 +87,7 @@ def run_ema_sweep(
         plan.spec.posthoc_sweep,
         plan.ranking.key,
     )
-    evaluate = _validations if plan.spec.posthoc_sweep == "validation" else _sampled_or_bound
+    evaluate = _validations if plan.spec.posthoc_sweep == "validation" else _sampled
     evaluated = []
     for index, (row, metrics) in enumerate(
         zip(rows, evaluate(plan, options, rows, address=address), strict=True)
@@ -110,7 +115,7 @@ def plan_sweep(options: EmaOptions) -> SweepPlan:
         ranking = _check_sampling(options, config)
     else:
         _refuse_sampling_flags(options, config)
-        key = spec.objectives[0] if spec.posthoc_sweep == "validation" else "val_bpd"
+        key = spec.objectives[0]
         ranking = Ranking(key=key, mode=spec.metric(key).objective or "min")
     out = as_location(options.out) if options.out else run / POSTHOC_DIR / f"sweep_{step:07d}"
     if out.exists() and any(out.iterdir()):
@@ -202,23 +207,50 @@ def _check_val_split(config: ExperimentConfig) -> None:
     load_manifest(config.data.data_dir).check_split(split, setting="data.val_split")
 
 
-def _sampled_or_bound(
+def _sampled(
     plan: SweepPlan, options: EmaOptions, rows: list[SweepRow], *, address: str | None
 ) -> Iterator[dict[str, float | None]]:
-    """Each row's figures in turn: its samples' (``samples``) and its val bits/dim."""
+    """Each row's figures in turn: its samples' and its val bits/dim."""
+    low_res = _write_low_res_inputs(plan, options) if plan.spec.low_res_input else None
     for row in rows:
         folder = plan.out / row.name
-        metrics: dict[str, float | None] = {}
-        if plan.spec.posthoc_sweep == "samples":
-            metrics.update(_sample_metrics(plan, options, row.name, folder, address=address))
+        metrics = _sample_metrics(plan, options, row.name, folder, low_res=low_res, address=address)
         metrics["val_bpd"] = _val_bpd(plan, options, row.name, folder, address=address)
         yield metrics
 
 
+def _write_low_res_inputs(plan: SweepPlan, options: EmaOptions) -> str:
+    """The upsampler's inputs: the first ``--num-samples`` val images shrunk to
+    ``super_res.small_size`` as training shrinks them, as a samples npz (with the labels of a
+    class-conditional upsampler) under ``SWEEP/low_res/``; its location."""
+    from raydiff.data.in_memory import load_split_tensors
+    from raydiff.sample.generate import to_uint8
+    from raydiff.sample.outputs import npz_name
+    from raydiff.train.tasks.super_res import low_res_of
+
+    data = plan.config.data
+    images, labels, _ = load_split_tensors(data.data_dir, data.val_split, limit=options.num_samples)
+    small = to_uint8(low_res_of(images, plan.config.super_res.small_size))
+    arrays = [small] if labels is None or not plan.config.model.class_cond else [small, labels]
+    buffer = io.BytesIO()
+    np.savez(buffer, *arrays)
+    target = plan.out / "low_res" / npz_name(small)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomically(target, buffer.getvalue())
+    return str(target)
+
+
 def _sample_metrics(
-    plan: SweepPlan, options: EmaOptions, weights: str, folder: StoragePath, *, address: str | None
+    plan: SweepPlan,
+    options: EmaOptions,
+    weights: str,
+    folder: StoragePath,
+    *,
+    low_res: str | None,
+    address: str | None,
 ) -> dict[str, float | None]:
-    """FD, precision and recall of ``options.num_samples`` samples of ``weights``."""
+    """FD, precision and recall of ``options.num_samples`` samples of ``weights`` (an
+    upsampler's: of the ``low_res`` images)."""
     from raydiff.evaluate.samples_fid import run_fid
     from raydiff.orchestrate.sampling import run_sampling
     from raydiff.sample.options import SampleOptions
@@ -234,6 +266,7 @@ def _sample_metrics(
             use_ddim=options.use_ddim,
             num_workers=options.num_workers,
             seed=options.seed,
+            low_res=low_res,
         ),
         address=address,
     )

@@ -69,7 +69,15 @@ class EmaOptions:
     section: ClassVar[str] = "ema"
     """What a ``ConfigError`` of these options names as its section."""
 
-    run: str = flag("--run", help="a run folder trained with optim.posthoc_ema_stds (or a URI)")
+    config: str | None = flag(
+        "--config",
+        default=None,
+        help="a YAML file of these options by name (run: RUN, sigma_rel: 0.03:0.2:8, evaluate: "
+        "true, ...); flags typed beside it win",
+    )
+    run: str = flag(
+        "--run", default="", help="a run folder trained with optim.posthoc_ema_stds (or a URI)"
+    )
     sigma_rel: tuple[float, ...] = flag(
         "--sigma-rel",
         default=(),
@@ -146,6 +154,13 @@ class EmaOptions:
     )
 
     def __post_init__(self) -> None:
+        if not self.run:
+            raise ConfigError(
+                section=self.section,
+                field="run",
+                value="",
+                reason="give --run RUN, the run folder to reconstruct from (or run: in --config)",
+            )
         if not self.sigma_rel and not self.rate:
             raise ConfigError(
                 section=self.section,

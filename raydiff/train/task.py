@@ -82,7 +82,7 @@ class TaskFactory(Protocol):
 
 
 Mode = Literal["min", "max"]
-PosthocSweep = Literal["samples", "bound", "validation"]
+PosthocSweep = Literal["samples", "validation"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,9 +135,9 @@ class TaskSpec:
     posthoc_sweep: PosthocSweep = "samples"
     """What ``raydiff ema --evaluate`` measures of each EMA length, and ranks them by:
     ``samples``: samples' FD (ranked by, lower is better), precision and recall in an
-    evaluator's features, and the val bits/dim; ``bound``: the val bits/dim only (ranked by,
-    lower is better); ``validation``: the task's own validation of the val split (ranked by its
-    first sweep objective, in that metric's direction)."""
+    evaluator's features, and the val bits/dim (an upsampler's samples upsample the val images'
+    low-resolution versions); ``validation``: the task's own validation of the val split (ranked
+    by its first sweep objective, in that metric's direction)."""
     objectives: tuple[str, ...] = field(init=False)
     """The metrics a sweep may optimise; the first is a sweep's default."""
 

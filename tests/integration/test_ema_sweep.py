@@ -134,3 +134,45 @@ def test_a_classifier_sweep_ranks_by_its_validation_accuracy(
     assert float(best["val_acc@1"]) == max(accuracies)
     assert f"best: {best['weights']}" in printed
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_upsampler_sweep_upsamples_the_val_images(
+    ray_cluster: None,
+    runs: tuple[Path, Path],
+    tiny_dataset: TinyDataset,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """An upsampler (4x4 -> 16x16) tracking post-hoc EMA: every length upsamples the same
+    shrunk val images, whose FD against the val split (in the evaluator's features) ranks it."""
+    _, evaluator = runs
+    upsampler = [
+        *tiny_model(),
+        "train.task=super_res",
+        "super_res.small_size=4",
+        "diffusion.diffusion_steps=20",
+        "diffusion.noise_schedule=cosine",
+        "optim.posthoc_ema_stds=0.05,0.10",
+        "optim.posthoc_ema_interval=2",
+    ]
+    run = train(tmp_path / "upsampler", upsampler, tiny_dataset.path).parent
+    out = tmp_path / "sweep"
+    argv = ["ema", "--run", str(run), "--sigma-rel", "0.06,0.09", "--evaluate"]
+    evaluation = ["--features", str(evaluator), "--num-samples", "8", "--num-images", "8"]
+    speed = ["--num-workers", "2", "--timestep-respacing", "ddim5", "--bpd-respacing", "10"]
+    assert main([*argv, *evaluation, *speed, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    [low_res] = (out / "low_res").iterdir()
+    assert low_res.name == "samples_8x4x4x1.npz"
+    with open(out / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["weights"] for r in rows] == ["phema_0.060", "phema_0.090", "ema_0.9999"]
+    for row in rows:
+        assert 0 <= float(row["fd_classifier"]) < float("inf")
+        assert 0 < float(row["val_bpd"]) < float("inf")
+    [best] = [r for r in rows if r["best"] == "1"]
+    assert best["fd_classifier"] == min((r["fd_classifier"] for r in rows), key=float)
+    assert f"best: {best['weights']}" in printed
+    for row in rows:  # the samples upsampled the shrunk val images
+        [samples] = (out / row["weights"] / "samples").glob("samples_*.npz")
+        assert samples.name == "samples_8x16x16x1.npz"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -88,7 +89,7 @@ def test_every_task_declares_what_its_sweep_measures() -> None:
     assert {name: spec.posthoc_sweep for name, spec in specs.items()} == {
         "classifier": "validation",
         "diffusion": "samples",
-        "super_res": "bound",
+        "super_res": "samples",
     }
     classifier = specs["classifier"]
     assert classifier.objectives[0] == "val_acc@1"
@@ -113,3 +114,60 @@ def test_evaluation_options_out_of_range_are_refused(given: dict, field: str) ->
 def test_sweep_flags_without_evaluate_are_refused() -> None:
     with pytest.raises(UserInputError, match="--features / --num-samples apply to a sweep"):
         EmaOptions(run="r", sigma_rel=(0.05,), features="c", num_samples=4)
+
+
+def ema_options(tmp_path: Path, text: str, *argv: str) -> EmaOptions:
+    """The options ``raydiff ema --config FILE ARGV`` runs with, ``text`` the file."""
+    from raydiff.cli.app import build_parser
+    from raydiff.cli.arguments import options_from_args, read_options_file
+
+    file = tmp_path / "ema.yaml"
+    file.write_text(text)
+    args = build_parser().parse_args(["ema", "--config", str(file), *argv])
+    return options_from_args(
+        EmaOptions, args, file_values=read_options_file(args.config, EmaOptions)
+    )
+
+
+SWEEP_FILE = """\
+run: runs/demo
+sigma_rel: 0.04:0.12:5
+evaluate: true
+features: runs/evaluator_demo/checkpoint_001200
+num-samples: 256          # a flag's name works too
+num_workers: 2
+"""
+
+
+def test_a_sweep_file_gives_the_options_and_typed_flags_win(tmp_path: Path) -> None:
+    options = ema_options(tmp_path, SWEEP_FILE, "--num-workers", "3")
+    assert options.run == "runs/demo" and options.evaluate
+    assert options.sigma_rel == pytest.approx((0.04, 0.06, 0.08, 0.10, 0.12))
+    assert options.features == "runs/evaluator_demo/checkpoint_001200"
+    assert options.num_samples == 256 and options.num_workers == 3
+    assert options.timestep_respacing == "ddim25"  # neither gives it: the default
+    listed = ema_options(tmp_path, "run: r\nsigma_rel: [0.05, 0.1]\n")
+    assert listed.sigma_rel == (0.05, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("run: r\nsigma: 0.1\n", "'sigma' is no option (valid: bpd_respacing, evaluate,"),
+        ("run: r\nsigma_rel: 0.1\nnum_samples: many\n", "num_samples: expected int, got 'many'"),
+        ("run: r\nsigma_rel: 0.1\nnum_workers: true\n", "num_workers: expected int, got True"),
+        ("run: r\nsigma_rel: {a: 1}\n", "sigma_rel: expected text or a list of numbers"),
+        ("- run\n", "must hold a mapping of options"),
+        ("run: [\n", "is not valid YAML"),
+    ],
+)
+def test_a_bad_sweep_file_is_refused_naming_the_key(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        ema_options(tmp_path, text)
+
+
+def test_a_sweep_without_a_run_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="give --run RUN"):
+        ema_options(tmp_path, "sigma_rel: 0.1\n")

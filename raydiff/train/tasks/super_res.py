@@ -139,7 +139,5 @@ SPEC = TaskSpec(
         f"{checkpoint} --low-res SAMPLES.npz"
     ),
     metrics=DIFFUSION_METRICS,  # its bound and loss, each image given its input
-    low_res_input=True,
-    # Its samples need low-resolution inputs: a post-hoc EMA sweep ranks it by its val bound.
-    posthoc_sweep="bound",
+    low_res_input=True,  # a post-hoc EMA sweep upsamples the val images' low-res versions
 )
