@@ -15,7 +15,16 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from raydiff.cli import ema, evaluate, prepare, sample, sweep, train, train_classifier
+from raydiff.cli import (
+    ema,
+    evaluate,
+    family,
+    prepare,
+    sample,
+    sweep,
+    train,
+    train_classifier,
+)
 from raydiff.cli.arguments import flag_of
 from raydiff.cli.exit_codes import (
     EXIT_INTERRUPTED,
@@ -43,7 +52,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     module.__name__.rpartition(".")[2].replace("_", "-"): Subcommand(
         help=module.HELP, add_arguments=module.add_arguments, run=module.run
     )
-    for module in (prepare, train, train_classifier, sample, evaluate, sweep, ema)
+    for module in (prepare, train, train_classifier, sample, evaluate, sweep, ema, family)
 }
 
 

@@ -121,6 +121,15 @@ def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
     return from_dict(type(config), set_fields(data, overrides))
 
 
+def override_text(value: Any) -> str:
+    """A YAML value as ``--set`` text (lists become '1,2,2'; floats keep full precision)."""
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
 def set_fields(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """``data`` (an experiment config's nested dict) with each ``field=value`` of ``overrides``
     set, the value converted to the field's type (:func:`coerce`); ``data`` is modified."""

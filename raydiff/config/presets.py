@@ -16,11 +16,14 @@ PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 SWEEP_PREFIX = "sweep_"
 """Shipped files named ``sweep_*.yaml`` are sweep files (``raydiff sweep``), not presets."""
+FAMILY_PREFIX = "family_"
+"""Shipped files named ``family_*.yaml`` are family files (``raydiff family``), not presets."""
 
 
 def preset_names() -> list[str]:
     """Names of the shipped training presets (``demo``, ``cifar10_hybrid``, ...)."""
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml") if not p.stem.startswith(SWEEP_PREFIX))
+    others = (SWEEP_PREFIX, FAMILY_PREFIX)
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml") if not p.stem.startswith(others))
 
 
 def resolve_config_path(path_or_preset: str) -> Path:

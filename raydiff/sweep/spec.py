@@ -39,6 +39,7 @@ from raydiff.config import (
     apply_overrides,
     field_type,
     load_config,
+    override_text,
     read_config,
     resolve_config_path,
     resolve_field,
@@ -174,7 +175,7 @@ class SweepConfig:
 
     def set_items(self) -> list[str]:
         """``set`` as ``--set`` items."""
-        return [f"{key}={_as_override(value)}" for key, value in self.set.items()]
+        return [f"{key}={override_text(value)}" for key, value in self.set.items()]
 
 
 def all_objectives() -> tuple[str, ...]:
@@ -261,15 +262,6 @@ def _dimension(key: str, spec: Any) -> SearchDimension:
     return SearchDimension(key=str(key), field=f"{section}.{name}", kind=kind, values=values)
 
 
-def _as_override(value: Any) -> str:
-    """A value as ``--set`` text (YAML lists become '1,2,2'; floats keep full precision)."""
-    if isinstance(value, list | tuple):
-        return ",".join(map(str, value))
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
 @dataclass(kw_only=True)
 class LoadedSweep:
     """A checked sweep: its settings, the base config every trial starts from, its dimensions."""
@@ -311,7 +303,7 @@ class LoadedSweep:
 
     def trial_config(self, params: Mapping[str, Any], *, trial_number: int) -> ExperimentConfig:
         """The training config of the trial that drew ``params`` (``section.field`` -> value)."""
-        items = [f"{name}={_as_override(value)}" for name, value in params.items()]
+        items = [f"{name}={override_text(value)}" for name, value in params.items()]
         if not self.seed_is_fixed:
             items.append(f"train.seed={trial_seed(self.sweep.seed, trial_number)}")
         config = apply_overrides(self.base_config, items)

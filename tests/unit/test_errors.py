@@ -126,7 +126,7 @@ def test_every_option_of_every_command_is_a_field_of_its_options() -> None:
     parsers.update({f"evaluate {name}": sub for name, sub in evaluate.items()})
     del parsers["evaluate"]
     assert set(parsers) == {
-        *("prepare", "train", "train-classifier", "sweep", "sample", "ema"),
+        *("prepare", "train", "train-classifier", "sweep", "sample", "ema", "family"),
         *("evaluate bpd", "evaluate fid", "evaluate accuracy"),
     }
     for name, sub in parsers.items():

@@ -9,7 +9,7 @@ from raydiff.config import load_config
 from raydiff.factory import create_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-PRESETS = sorted(p for p in CONFIGS.glob("*.yaml") if not p.stem.startswith("sweep_"))
+PRESETS = sorted(p for p in CONFIGS.glob("*.yaml") if not p.stem.startswith(("sweep_", "family_")))
 SWEEPS = sorted(CONFIGS.glob("sweep_*.yaml"))
 
 

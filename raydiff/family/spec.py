@@ -1,0 +1,466 @@
+"""Family files: guided-diffusion's family of models as one job (``raydiff family``). No Ray here.
+
+A family file (YAML)::
+
+    datasets:                      # prepared first where missing (raydiff prepare's options)
+      data/fashion-mnist-8px: {source: fashion-mnist, image_size: 8}
+    base:                          # the diffusion model (raydiff train)
+      config: demo                 # a preset's name or a training config file
+      set: {image_size: 8, data_dir: data/fashion-mnist-8px}   # as --set takes them
+      resources: {num_workers: 1}  # the scaling section: num_workers, cpus_per_worker, use_gpu
+    classifier: {config: classifier_demo, set: {...}}   # noisy, guides the base (optional)
+    upsampler: {config: upsampler_demo}                  # lifts the base's samples (optional)
+    evaluator: {config: evaluator_demo}                  # clean, judges the samples
+    sample: {num_samples: 256, classifier_scale: 1.0}    # the guided cascade (:class:`Sampling`)
+    evaluate: {split: test}                              # the data it is judged against
+
+Every check runs here, before anything starts: unknown keys, each stage's config (built and
+checked as ``raydiff train`` builds it, fitted to its data where the data exists), each stage's
+role (a noisy classifier, an upsampler, ...), and how the stages fit together: the classifier's
+images, classes and diffusion steps are the base model's, the upsampler's small size is the base
+model's size, the evaluator takes the final images. Every refusal is one line naming the stage
+and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raydiff.config import (
+    PRESETS_DIR,
+    ExperimentConfig,
+    override_text,
+    read_config,
+    resolve_config_path,
+)
+from raydiff.config.presets import FAMILY_PREFIX
+from raydiff.data.prepare import PrepareOptions
+from raydiff.errors import UserInputError
+from raydiff.train.preflight import config_for_data, existing_manifest, fit_to_data
+from raydiff.train.tasks import task_spec
+
+TRAINING_STAGES = ("base", "classifier", "upsampler", "evaluator")
+"""The trained members, in the order the report lists them."""
+REQUIRED_STAGES = ("base", "evaluator")
+RESOURCES = ("num_workers", "cpus_per_worker", "use_gpu")
+"""What a stage's ``resources`` may set: its ``scaling`` section's fields."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Role:
+    """What a training stage must train, and a preset that does."""
+
+    what: str
+    fits: Callable[[ExperimentConfig], bool]
+    example: str
+
+
+def _trains_with(command: str, *, low_res: bool) -> Callable[[ExperimentConfig], bool]:
+    def fits(config: ExperimentConfig) -> bool:
+        spec = task_spec(config.train.task)
+        return spec.train_command == command and spec.low_res_input == low_res
+
+    return fits
+
+
+def _classifier(*, noised: bool) -> Callable[[ExperimentConfig], bool]:
+    trains = _trains_with("train-classifier", low_res=False)
+    return lambda config: trains(config) and config.classifier.noised == noised
+
+
+ROLES = {
+    "base": Role(
+        what="a diffusion model", fits=_trains_with("train", low_res=False), example="demo"
+    ),
+    "classifier": Role(
+        what="a noisy classifier (classifier.noised=true)",
+        fits=_classifier(noised=True),
+        example="classifier_demo",
+    ),
+    "upsampler": Role(
+        what="an upsampler (train.task=super_res)",
+        fits=_trains_with("train", low_res=True),
+        example="upsampler_demo",
+    ),
+    "evaluator": Role(
+        what="a clean classifier (classifier.noised=false)",
+        fits=_classifier(noised=False),
+        example="evaluator_demo",
+    ),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingStage:
+    """One member: its config as built and checked, and how it is trained."""
+
+    name: str
+    source: str
+    """The preset or config file it starts from."""
+    overrides: tuple[str, ...]
+    """Its ``--set`` items (the file's ``set`` and ``resources``, then the command line's)."""
+    config: ExperimentConfig
+    command: str
+    """The ``raydiff`` command that trains it (``train`` / ``train-classifier``)."""
+
+    def argv(self, *, output: str, address: str | None) -> list[str]:
+        """The ``raydiff`` command line that trains (or continues) it into ``output``."""
+        sets = [item for override in self.overrides for item in ("--set", override)]
+        where = ["--address", address] if address else []
+        return [self.command, "--config", self.source, *sets, "--output", output, *where]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """The ``sample`` stage: the guided cascade (``raydiff sample``'s options of the same names),
+    and the unguided cascade beside it when the family has a classifier."""
+
+    num_samples: int = 256
+    classifier_scale: float = 1.0
+    timestep_respacing: str = "ddim25"
+    use_ddim: bool = True
+    upsampler_respacing: str = "ddim25"
+    upsampler_use_ddim: bool = True
+    batch_size: int = 64
+    num_workers: int = 2
+    seed: int = 0
+    weights: str | None = None
+    classifier_weights: str | None = None
+    upsampler_weights: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_samples", "batch_size", "num_workers"):
+            if getattr(self, name) < 1:
+                raise _refused("sample", name, getattr(self, name), "must be >= 1")
+        if self.classifier_scale < 0:
+            raise _refused("sample", "classifier_scale", self.classifier_scale, "must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluation:
+    """The ``evaluate`` stage: the evaluator's data split the samples are judged against (FD,
+    precision and recall in its features; its accuracy on the samples' labels)."""
+
+    split: str = "test"
+    num_images: int = 0
+    """Reference images (0: the whole split)."""
+
+    def __post_init__(self) -> None:
+        if self.num_images < 0:
+            raise _refused("evaluate", "num_images", self.num_images, "must be >= 0 (0: all)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Family:
+    """A checked family file."""
+
+    source: str
+    datasets: dict[str, PrepareOptions]
+    stages: dict[str, TrainingStage]
+    """The training stages it has, in :data:`TRAINING_STAGES` order."""
+    sample: Sampling
+    evaluate: Evaluation
+    waiting_for_data: tuple[str, ...] = ()
+    """Datasets of ``datasets`` not prepared yet: the checks that need their images (classes,
+    channels) run once they are (:func:`load_family` again)."""
+
+    @property
+    def final_size(self) -> int:
+        """The size of the family's samples: the upsampler's, else the base model's."""
+        last = self.stages.get("upsampler", self.stages["base"])
+        return last.config.model.image_size
+
+
+def _refused(stage: str, key: str, value: Any, reason: str) -> UserInputError:
+    return UserInputError(f"stage {stage}: {key}={value!r} is invalid: {reason}")
+
+
+def family_path(path_or_name: str) -> Path:
+    """A family file's path, or a shipped one's by name (``family_demo``)."""
+    file = Path(path_or_name)
+    if file.is_file():
+        return file
+    shipped = PRESETS_DIR / f"{path_or_name.removesuffix('.yaml')}.yaml"
+    if "/" not in path_or_name and path_or_name.startswith(FAMILY_PREFIX) and shipped.is_file():
+        return shipped
+    names = sorted(p.stem for p in PRESETS_DIR.glob(f"{FAMILY_PREFIX}*.yaml"))
+    raise FileNotFoundError(
+        f"family file {path_or_name!r} does not exist (shipped families by name: "
+        f"{', '.join(names)})"
+    )
+
+
+def load_family(
+    path_or_name: str, *, overrides: list[str] | None = None, max_steps: int | None = None
+) -> Family:
+    """Read and check a family file, with ``--set STAGE.FIELD=VALUE`` ``overrides`` and
+    ``--max-steps`` (a cap on every training stage's ``train.max_steps``)."""
+    import yaml
+
+    file = family_path(path_or_name)
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as err:
+        detail = " ".join(str(err).split())
+        raise UserInputError(f"family file {str(file)!r} is not valid YAML: {detail}") from None
+    if not isinstance(data, Mapping):
+        raise UserInputError(f"family file {str(file)!r} must hold a mapping of stages")
+    blocks = _with_overrides(data, overrides or [])
+    datasets = _datasets(blocks.pop("datasets", None) or {})
+    waiting = tuple(out for out in datasets if not (Path(out) / "manifest.json").is_file())
+    stages = {
+        name: _training_stage(name, blocks[name], base_dir=file.parent, max_steps=max_steps)
+        for name in TRAINING_STAGES
+        if name in blocks
+    }
+    family = Family(
+        source=str(file),
+        datasets=datasets,
+        stages=stages,
+        sample=_block(Sampling, "sample", blocks.get("sample")),
+        evaluate=_block(Evaluation, "evaluate", blocks.get("evaluate")),
+        waiting_for_data=waiting,
+    )
+    check_family(family)
+    return family
+
+
+def _with_overrides(data: Mapping[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """The file's blocks with ``STAGE.FIELD=VALUE`` items added: a training stage's to its
+    ``set``, a ``sample`` / ``evaluate`` option to that block. Unknown blocks are refused."""
+    import yaml
+
+    known = ("datasets", *TRAINING_STAGES, "sample", "evaluate")
+    blocks = {str(key): value for key, value in data.items()}
+    for key, value in blocks.items():
+        if key not in known:
+            raise UserInputError(f"family file: {key!r} is no stage (valid: {', '.join(known)})")
+        if value is not None and not isinstance(value, Mapping):
+            raise UserInputError(f"stage {key}: expected a mapping, got {value!r}")
+    for item in overrides:
+        target, _, assigned = item.partition("=")
+        stage, _, name = target.strip().partition(".")
+        if not assigned or not name or stage not in known[1:]:
+            raise UserInputError(
+                f"--set {item}: expected STAGE.FIELD=VALUE, STAGE one of "
+                f"{', '.join(known[1:])} (e.g. base.lr=1e-3)"
+            )
+        block = dict(blocks.get(stage) or {})
+        if stage in TRAINING_STAGES:
+            block["set"] = {**(block.get("set") or {}), name: assigned}
+        else:
+            block[name] = yaml.safe_load(assigned)
+        blocks[stage] = block
+    for name in REQUIRED_STAGES:
+        if not blocks.get(name):
+            raise UserInputError(
+                f"stage {name}: missing: a family needs {ROLES[name].what} "
+                f"(e.g. {name}: {{config: {ROLES[name].example}}})"
+            )
+    return blocks
+
+
+def _datasets(block: Any) -> dict[str, PrepareOptions]:
+    if not isinstance(block, Mapping):
+        raise UserInputError(f"datasets: expected a mapping of folder: options, got {block!r}")
+    datasets = {}
+    for out, options in block.items():
+        try:
+            datasets[str(out)] = PrepareOptions(out=str(out), **dict(options or {}))
+        except TypeError as err:
+            raise UserInputError(f"datasets: {out}: {err}") from None
+        except UserInputError as err:
+            raise UserInputError(f"datasets: {out}: {err}") from None
+    return datasets
+
+
+def _block(cls: type, stage: str, block: Any) -> Any:
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in block or {}:
+        if key not in names:
+            raise UserInputError(
+                f"stage {stage}: {key!r} is no option (valid: {', '.join(sorted(names))})"
+            )
+    try:
+        return cls(**dict(block or {}))
+    except TypeError as err:
+        raise UserInputError(f"stage {stage}: {err}") from None
+
+
+def _training_stage(
+    name: str, block: Mapping[str, Any], *, base_dir: Path, max_steps: int | None
+) -> TrainingStage:
+    """Stage ``name`` built from its block: its config read with its overrides, as ``raydiff
+    train`` reads it, fitted to its data where that exists, and checked against its role."""
+    unknown = set(block) - {"config", "set", "resources"}
+    if unknown:
+        raise UserInputError(
+            f"stage {name}: {sorted(unknown)[0]!r} is no key (valid: config, set, resources)"
+        )
+    source = _config_source(name, block.get("config"), base_dir=base_dir)
+    overrides = [*_items(name, "set", block.get("set")), *_resources(name, block.get("resources"))]
+    config = _stage_config(name, source, overrides)
+    if max_steps is not None and max_steps < config.train.max_steps:
+        overrides.append(f"train.max_steps={max_steps}")
+        config = _stage_config(name, source, overrides)
+    role = ROLES[name]
+    if not role.fits(config):
+        raise _refused(
+            name,
+            "train.task",
+            config.train.task,
+            f"the {name} stage trains {role.what} (e.g. config: {role.example})",
+        )
+    spec = task_spec(config.train.task)
+    return TrainingStage(
+        name=name,
+        source=source,
+        overrides=tuple(overrides),
+        config=config,
+        command=spec.train_command,
+    )
+
+
+def _config_source(stage: str, given: Any, *, base_dir: Path) -> str:
+    if not isinstance(given, str) or not given:
+        raise UserInputError(
+            f"stage {stage}: config: missing: name a preset or config file (e.g. config: "
+            f"{ROLES[stage].example})"
+        )
+    beside = base_dir / given
+    if not Path(given).is_file() and beside.is_file():
+        return str(beside)
+    try:
+        resolve_config_path(given)
+    except FileNotFoundError as err:
+        raise UserInputError(f"stage {stage}: {err}") from None
+    return given
+
+
+def _items(stage: str, key: str, values: Any) -> list[str]:
+    if values is None:
+        return []
+    if not isinstance(values, Mapping):
+        raise UserInputError(f"stage {stage}: {key}: expected a mapping of field: value")
+    return [f"{name}={override_text(value)}" for name, value in values.items()]
+
+
+def _resources(stage: str, values: Any) -> list[str]:
+    for name in values or {}:
+        if name not in RESOURCES:
+            raise UserInputError(
+                f"stage {stage}: resources: {name!r} is not a resource (valid: "
+                f"{', '.join(RESOURCES)})"
+            )
+    return [f"scaling.{item}" for item in _items(stage, "resources", values)]
+
+
+def _stage_config(stage: str, source: str, overrides: list[str]) -> ExperimentConfig:
+    """The stage's config as ``raydiff train`` builds it (fitted to its data where the data is
+    prepared already); a refusal names the stage."""
+    try:
+        data = read_config(source, overrides)
+        manifest = existing_manifest(data)
+        config = config_for_data(data, manifest)
+        if manifest is None:
+            return config
+        keep_classes = "num_classes" in data.get("model", {})
+        return fit_to_data(config, manifest, keep_channels=False, keep_classes=keep_classes)
+    except (UserInputError, FileNotFoundError) as err:
+        raise UserInputError(f"stage {stage}: {err}") from None
+
+
+def check_family(family: Family) -> None:
+    """How the stages fit together (each refusal names the stage and field), and that each
+    stage's data is prepared or will be."""
+    stages = family.stages
+    for stage in stages.values():
+        _check_data(stage, family)
+    base = stages["base"].config
+    if "classifier" in stages:
+        _check_guide(stages["classifier"].config, base)
+    elif family.sample.classifier_scale != Sampling.classifier_scale:
+        raise _refused(
+            "sample", "classifier_scale", family.sample.classifier_scale, "no classifier stage"
+        )
+    if "upsampler" in stages:
+        _check_upsampler(stages["upsampler"].config, base)
+    evaluator = stages["evaluator"].config.model
+    final = stages.get("upsampler", stages["base"]).config.model
+    for key in ("image_size", "in_channels"):
+        if getattr(evaluator, key) != getattr(final, key):
+            raise _refused(
+                "evaluator",
+                f"model.{key}",
+                getattr(evaluator, key),
+                f"it judges the family's final images, whose {key} is {getattr(final, key)}",
+            )
+
+
+def _check_data(stage: TrainingStage, family: Family) -> None:
+    data_dir = stage.config.data.data_dir
+    if "://" in data_dir or (Path(data_dir) / "manifest.json").is_file():
+        return
+    if Path(data_dir).resolve() not in {Path(out).resolve() for out in family.datasets}:
+        raise _refused(
+            stage.name,
+            "data.data_dir",
+            data_dir,
+            "no prepared dataset there, and the file's datasets: does not prepare it (add "
+            f"'{data_dir}: {{source: ...}}' to datasets:)",
+        )
+
+
+def _check_guide(classifier: ExperimentConfig, base: ExperimentConfig) -> None:
+    """guided-diffusion's classifier guidance: the classifier sees the base model's x_t at the
+    base model's timesteps, so images, diffusion steps (and a class-conditional base's
+    classes) must agree."""
+    pairs = [
+        ("model.image_size", classifier.model.image_size, base.model.image_size),
+        ("model.in_channels", classifier.model.in_channels, base.model.in_channels),
+        (
+            "diffusion.diffusion_steps",
+            classifier.diffusion.diffusion_steps,
+            base.diffusion.diffusion_steps,
+        ),
+        (
+            "diffusion.noise_schedule",
+            classifier.diffusion.noise_schedule,
+            base.diffusion.noise_schedule,
+        ),
+    ]
+    if base.model.class_cond:
+        pairs.append(("model.num_classes", classifier.model.num_classes, base.model.num_classes))
+    for key, own, bases in pairs:
+        if own != bases:
+            raise _refused("classifier", key, own, f"it guides the base model, whose is {bases!r}")
+
+
+def _check_upsampler(upsampler: ExperimentConfig, base: ExperimentConfig) -> None:
+    size = base.model.image_size
+    if upsampler.super_res.small_size != size:
+        raise _refused(
+            "upsampler",
+            "super_res.small_size",
+            upsampler.super_res.small_size,
+            f"it upsamples the base model's samples, which are {size}x{size}",
+        )
+    if upsampler.model.in_channels != base.model.in_channels:
+        raise _refused(
+            "upsampler",
+            "model.in_channels",
+            upsampler.model.in_channels,
+            f"the base model's images have {base.model.in_channels}",
+        )
+    if upsampler.model.class_cond and not base.model.class_cond:
+        raise _refused(
+            "upsampler",
+            "model.class_cond",
+            True,
+            "the unguided cascade's base samples have no labels (the base model is "
+            "unconditional): train the upsampler unconditional",
+        )

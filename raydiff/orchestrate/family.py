@@ -1,0 +1,347 @@
+"""``raydiff family``: guided-diffusion's family of models trained together on one Ray cluster,
+then its guided cascade sampled and judged.
+
+Each stage is the single command a user would run (``raydiff train``, ``train-classifier``,
+``sample``), started as its own process that joins the family's cluster (``--address``), with its
+output under ``DIR/<stage>/`` and its console in ``DIR/logs/<stage>.log``. Stages whose inputs are
+ready run at the same time, as separate Ray Train runs sharing the cluster; Ray schedules their
+workers as resources free up. The four trainings need nothing but their data; ``sample`` waits for
+the base model, the classifier and the upsampler; ``evaluate`` (in this process) for the samples
+and the evaluator.
+
+Running the command again continues: a training stage whose run reached its ``max_steps`` is
+skipped, an interrupted one continues from its newest checkpoint (its command does that), and a
+sampling run whose samples are written is not drawn again. A failed stage stops only the stages
+that need it; the command then fails naming it, its last line and its log. Ctrl-C or SIGTERM is
+passed on to every running stage, which stops as its single command does.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal
+
+from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError
+from raydiff.family.spec import Family, TrainingStage, load_family
+from raydiff.train.checkpoint import latest_checkpoint
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_SECONDS = 60.0
+"""How often the console gets each running stage's last log line."""
+STOP_SECONDS = 120.0
+"""How long a stopped stage may take to leave before it is killed."""
+
+State = Literal["waiting", "running", "done", "failed", "skipped"]
+
+
+@dataclass(kw_only=True)
+class StageRun:
+    """One stage's process(es): ``commands`` builds its ``raydiff`` command lines once the
+    stages it ``needs`` are done (a command line already done is left out)."""
+
+    name: str
+    needs: tuple[str, ...]
+    commands: Callable[[], list[list[str]]]
+    log: Path
+    state: State = "waiting"
+    note: str = ""
+    pending: list[list[str]] = field(default_factory=list)
+    process: subprocess.Popen[bytes] | None = None
+    log_file: IO[bytes] | None = None
+
+    def last_line(self) -> str:
+        """The last non-empty line of its log ('' before it wrote one)."""
+        if not self.log.is_file():
+            return ""
+        with open(self.log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines()]
+        return next((line for line in reversed(lines) if line), "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FamilyLoad:
+    """How the family file is read (again, once its datasets are prepared)."""
+
+    path: str
+    overrides: list[str]
+    max_steps: int | None
+
+    def load(self) -> Family:
+        return load_family(self.path, overrides=self.overrides, max_steps=self.max_steps)
+
+
+def run_family(how: FamilyLoad, *, output: str, address: str | None) -> Path:
+    """Check the family, prepare its missing datasets, train, sample and judge it under
+    ``output``; returns the report's path (``DIR/report.md``)."""
+    from raydiff.evaluate.family_report import write_family_report
+    from raydiff.orchestrate.ray_session import ensure_ray
+
+    out = _output_folder(output)
+    family = how.load()  # every check that needs no data, before anything is written
+    _prepare_datasets(family)
+    family = how.load()  # the checks that need the data (classes, channels)
+    workers = sum(s.config.scaling.worker_sizes[0] for s in family.stages.values())
+    ensure_ray(address=address, num_workers=workers, cpus_per_worker=1.0)
+    stages = _stage_runs(family, out=out, address=_address_for_stages(address))
+    _run_stages(stages, out=out)
+    done = {s.name for s in stages if s.state == "done"}
+    if {"sample", "evaluator"} <= done:
+        logger.info("evaluate: judging the samples in the evaluator's features")
+        write_family_report(family, out=out)
+    _raise_if_failed(stages)
+    return out / "report.md"
+
+
+def _output_folder(output: str) -> Path:
+    if "://" in output:
+        raise UserInputError(
+            f"--output {output}: a family's folder is local (its stages' logs and report are "
+            "written there); its stages may still train on a cluster"
+        )
+    out = Path(output).resolve()
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _prepare_datasets(family: Family) -> None:
+    from raydiff.data.prepare import prepare_dataset
+
+    for name in family.waiting_for_data:
+        logger.info("preparing the dataset %s (once)", name)
+        print(prepare_dataset(family.datasets[name]).format())
+
+
+def _address_for_stages(address: str | None) -> str:
+    """The address the stages' processes join: the one given, else the local instance this
+    process started (its GCS address)."""
+    import ray
+
+    if address:
+        return address
+    return ray.get_runtime_context().gcs_address
+
+
+def _stage_runs(family: Family, *, out: Path, address: str) -> list[StageRun]:
+    """Every stage of ``family``: its trainings, then ``sample``."""
+    runs = [
+        StageRun(
+            name=stage.name,
+            needs=(),
+            commands=_training_commands(stage, out=out, address=address),
+            log=out / "logs" / f"{stage.name}.log",
+        )
+        for stage in family.stages.values()
+    ]
+    needs = tuple(name for name in ("base", "classifier", "upsampler") if name in family.stages)
+    runs.append(
+        StageRun(
+            name="sample",
+            needs=needs,
+            commands=lambda: sample_commands(family, out=out, address=address),
+            log=out / "logs" / "sample.log",
+        )
+    )
+    return runs
+
+
+def _training_commands(
+    stage: TrainingStage, *, out: Path, address: str
+) -> Callable[[], list[list[str]]]:
+    def commands() -> list[list[str]]:
+        run = out / stage.name
+        if _finished(run, max_steps=stage.config.train.max_steps):
+            return []
+        return [stage.argv(output=str(run), address=address)]
+
+    return commands
+
+
+def _finished(run: Path, *, max_steps: int) -> bool:
+    """Whether the run under ``run`` has a checkpoint at ``max_steps`` (or later)."""
+    checkpoint = latest_checkpoint(run)
+    return checkpoint is not None and int(checkpoint.name.split("_")[-1]) >= max_steps
+
+
+def final_checkpoint(out: Path, stage: str) -> str:
+    """The newest checkpoint of stage ``stage``'s run."""
+    checkpoint = latest_checkpoint(out / stage)
+    if checkpoint is None:
+        raise RunFailedError(f"stage {stage} finished without a checkpoint under {out / stage}")
+    return str(checkpoint)
+
+
+def sample_commands(family: Family, *, out: Path, address: str) -> list[list[str]]:
+    """The ``raydiff sample`` runs of the ``sample`` stage whose samples are not written yet:
+    the guided cascade (``DIR/sample/guided``) and, with a classifier, the unguided one
+    (``DIR/sample/unguided``); each writes its base samples and its upsampled ones."""
+    options = family.sample
+    common = [
+        "sample",
+        "--checkpoint",
+        final_checkpoint(out, "base"),
+        *("--num-samples", str(options.num_samples)),
+        *("--timestep-respacing", options.timestep_respacing),
+        "--use-ddim" if options.use_ddim else "--no-use-ddim",
+        *("--batch-size", str(options.batch_size)),
+        *("--num-workers", str(options.num_workers)),
+        *("--seed", str(options.seed)),
+        *(("--weights", options.weights) if options.weights else ()),
+        *("--address", address),
+    ]
+    if "upsampler" in family.stages:
+        common += [
+            *("--upsampler", final_checkpoint(out, "upsampler")),
+            *("--upsampler-respacing", options.upsampler_respacing),
+            *(("--upsampler-use-ddim",) if options.upsampler_use_ddim else ()),
+            *(
+                ("--upsampler-weights", options.upsampler_weights)
+                if options.upsampler_weights
+                else ()
+            ),
+        ]
+    runs = {"unguided": common}
+    if "classifier" in family.stages:
+        guidance = [
+            *("--classifier", final_checkpoint(out, "classifier")),
+            *("--classifier-scale", str(options.classifier_scale)),
+            *(
+                ("--classifier-weights", options.classifier_weights)
+                if options.classifier_weights
+                else ()
+            ),
+        ]
+        runs = {"guided": [*common, *guidance], **runs}
+    return [
+        [*argv, "--out", str(out / "sample" / name)]
+        for name, argv in runs.items()
+        if not samples_written(out / "sample" / name)
+    ]
+
+
+def samples_written(folder: Path) -> bool:
+    """Whether a ``raydiff sample`` run (a cascade's too) finished writing into ``folder``."""
+    from raydiff.sample.outputs import is_npz_name
+
+    last = folder / "upsampled" if (folder / "upsampled").exists() else folder
+    return last.is_dir() and any(is_npz_name(p.name) for p in last.iterdir())
+
+
+def _run_stages(stages: list[StageRun], *, out: Path) -> None:
+    """Start each stage once what it needs is done, until none is waiting or running; a stop
+    signal is passed on to every running stage."""
+    from raydiff.orchestrate.driver_signals import StopSignal, sigterm_as_ctrl_c
+
+    stopped = StopSignal()
+    last_progress = time.monotonic()
+    try:
+        with sigterm_as_ctrl_c() as stopped:
+            while any(s.state in ("waiting", "running") for s in stages):
+                for stage in stages:
+                    _advance(stage, stages)
+                if time.monotonic() - last_progress > PROGRESS_SECONDS:
+                    last_progress = time.monotonic()
+                    _print_progress(stages)
+                time.sleep(0.5)
+    except KeyboardInterrupt as error:
+        running = _stop_all(stages, sigterm=stopped.sigterm)
+        raise RunInterruptedError(
+            f"stopped by {stopped.described}; stopped the stages {', '.join(running) or '-'} "
+            f"(logs in {out / 'logs'}); run the same command again to continue",
+            signal_name=stopped.name,
+        ) from error
+
+
+def _advance(stage: StageRun, stages: list[StageRun]) -> None:
+    """One look at ``stage``: start it, start its next command, or note how it ended."""
+    states = {s.name: s.state for s in stages}
+    if stage.state == "waiting":
+        failed = [name for name in stage.needs if states[name] in ("failed", "skipped")]
+        if failed:
+            _finish(stage, "skipped", f"needs {', '.join(failed)}, which did not finish")
+        elif all(states[name] == "done" for name in stage.needs):
+            stage.pending = stage.commands()
+            stage.state = "running"
+            if not stage.pending:
+                _finish(stage, "done", "finished before: skipped")
+            else:
+                _start_next(stage)
+        return
+    if stage.state != "running" or stage.process is None:
+        return
+    code = stage.process.poll()
+    if code is None:
+        return
+    if code != 0:
+        _finish(stage, "failed", f"exit status {code}: {stage.last_line()}")
+    elif stage.pending:
+        _start_next(stage)
+    else:
+        _finish(stage, "done", "finished")
+
+
+def _start_next(stage: StageRun) -> None:
+    argv = [sys.executable, "-m", "raydiff.cli", *stage.pending.pop(0)]
+    if stage.log_file is None:
+        stage.log_file = open(stage.log, "ab")  # noqa: SIM115 - open while the stage runs
+    stage.log_file.write(f"$ raydiff {' '.join(argv[3:])}\n".encode())
+    stage.log_file.flush()
+    logger.info("%s: started (log: %s)", stage.name, stage.log)
+    # A session of its own: a Ctrl-C at the terminal reaches this process only, which passes
+    # it on to each stage once (_stop_all).
+    stage.process = subprocess.Popen(
+        argv, stdout=stage.log_file, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _finish(stage: StageRun, state: State, note: str) -> None:
+    stage.state, stage.note = state, note
+    if stage.log_file is not None:
+        stage.log_file.close()
+        stage.log_file = None
+    shown = logger.error if state == "failed" else logger.info
+    shown("%s: %s", stage.name, note)
+
+
+def _print_progress(stages: list[StageRun]) -> None:
+    for stage in stages:
+        if stage.state == "running":
+            logger.info("%s: %s", stage.name, stage.last_line()[:160])
+
+
+def _stop_all(stages: list[StageRun], *, sigterm: bool) -> list[str]:
+    """Pass the stop on to every running stage and wait for each to leave (killed after
+    :data:`STOP_SECONDS`); the names of the stages stopped."""
+    running = [s for s in stages if s.process is not None and s.process.poll() is None]
+    for stage in running:
+        stage.process.send_signal(signal.SIGTERM if sigterm else signal.SIGINT)  # type: ignore[union-attr]
+    deadline = time.monotonic() + STOP_SECONDS
+    for stage in running:
+        try:
+            stage.process.wait(timeout=max(1.0, deadline - time.monotonic()))  # type: ignore[union-attr]
+        except subprocess.TimeoutExpired:
+            stage.process.kill()  # type: ignore[union-attr]
+        _finish(stage, "failed", "stopped")
+    return [s.name for s in running]
+
+
+def _raise_if_failed(stages: list[StageRun]) -> None:
+    failed = [s for s in stages if s.state == "failed"]
+    if not failed:
+        return
+    finished = [s.name for s in stages if s.state == "done"]
+    lines = [f"stage {s.name} failed ({s.note}); its log: {s.log}" for s in failed]
+    skipped = [s.name for s in stages if s.state == "skipped"]
+    raise RunFailedError(
+        "; ".join(lines)
+        + (f"; not run: {', '.join(skipped)}" if skipped else "")
+        + f"; finished: {', '.join(finished) or '-'}. Run the same command again to continue"
+    )

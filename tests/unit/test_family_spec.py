@@ -1,0 +1,162 @@
+"""Family files (``raydiff family``): what a file builds, and the files refused before anything
+starts, each in one line naming the stage and the field. No Ray, no data read: the datasets are
+declared and not prepared yet."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raydiff.errors import UserInputError
+from raydiff.family.spec import load_family
+
+
+def family_file(tmp_path: Path, **changes: object) -> Path:
+    """A small valid family (8x8 base, its classifier, an 8 -> 16 upsampler, a 16x16 evaluator)
+    with ``changes`` merged into its blocks (None removes a block)."""
+    small, large = str(tmp_path / "data8"), str(tmp_path / "data16")
+    tiny = {"in_channels": 1, "num_channels": 32, "channel_mult": "1,2", "num_res_blocks": 1}
+    tiny |= {"attention_resolutions": ""}
+    blocks: dict[str, object] = {
+        "datasets": {
+            small: {"source": "fashion-mnist", "image_size": 8},
+            large: {"source": "fashion-mnist", "image_size": 16},
+        },
+        "base": {"config": "demo", "set": {**tiny, "image_size": 8, "data_dir": small}},
+        "classifier": {
+            "config": "classifier_demo",
+            "set": {**tiny, "image_size": 8, "data_dir": small},
+            "resources": {"num_workers": 1},
+        },
+        "upsampler": {
+            "config": "upsampler_demo",
+            "set": {**tiny, "image_size": 16, "small_size": 8, "data_dir": large},
+        },
+        "evaluator": {
+            "config": "evaluator_demo",
+            "set": {**tiny, "image_size": 16, "data_dir": large},
+        },
+        "sample": {"num_samples": 16},
+    }
+    for key, value in changes.items():
+        if value is None:
+            blocks.pop(key)
+        elif isinstance(value, dict) and isinstance(blocks.get(key), dict):
+            merged = dict(blocks[key])  # type: ignore[arg-type]
+            for name, item in value.items():
+                merged[name] = {**merged.get(name, {}), **item} if isinstance(item, dict) else item
+            blocks[key] = merged
+        else:
+            blocks[key] = value
+    path = tmp_path / "family.yaml"
+    path.write_text(yaml.safe_dump(blocks))
+    return path
+
+
+def test_a_family_file_builds_each_stage_as_its_command_would(tmp_path: Path) -> None:
+    family = load_family(str(family_file(tmp_path)), overrides=["base.lr=5e-4"], max_steps=20)
+    assert list(family.stages) == ["base", "classifier", "upsampler", "evaluator"]
+    assert len(family.waiting_for_data) == 2 and family.final_size == 16
+    base, classifier = family.stages["base"], family.stages["classifier"]
+    assert base.command == "train" and classifier.command == "train-classifier"
+    assert base.config.optim.lr == 5e-4 and base.config.model.image_size == 8
+    assert all(s.config.train.max_steps == 20 for s in family.stages.values())
+    assert classifier.config.scaling.num_workers == 1
+    argv = base.argv(output="out/base", address="10.0.0.1:6379")
+    assert argv[:3] == ["train", "--config", "demo"] and "lr=5e-4" in argv
+    assert argv[-4:] == ["--output", "out/base", "--address", "10.0.0.1:6379"]
+    assert family.sample.num_samples == 16 and family.evaluate.split == "test"
+
+
+def test_the_shipped_demo_family_loads_by_name() -> None:
+    family = load_family("family_demo", max_steps=5)
+    assert family.final_size == 32 and family.stages["base"].config.model.image_size == 8
+    assert {s.config.train.max_steps for s in family.stages.values()} == {5}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"base": None}, "stage base: missing: a family needs a diffusion model"),
+        ({"evaluator": None}, "stage evaluator: missing: a family needs a clean classifier"),
+        (
+            {"classifier": None, "sample": {"classifier_scale": 2.0}},
+            "stage sample: classifier_scale=2.0 is invalid: no classifier stage",
+        ),
+        (
+            {"classifier": {"set": {"diffusion_steps": 500}}},
+            "stage classifier: diffusion.diffusion_steps=500 is invalid: it guides the base",
+        ),
+        (
+            {"classifier": {"set": {"noise_schedule": "linear"}}},
+            "stage classifier: diffusion.noise_schedule='linear' is invalid",
+        ),
+        (
+            {
+                "base": {"set": {"class_cond": True, "num_classes": 10}},
+                "classifier": {"set": {"num_classes": 5}},
+            },
+            "stage classifier: model.num_classes=5 is invalid: it guides the base model, whose "
+            "is 10",
+        ),
+        (
+            {"upsampler": {"set": {"small_size": 4}}},
+            "stage upsampler: super_res.small_size=4 is invalid: it upsamples the base model's "
+            "samples, which are 8x8",
+        ),
+        (
+            {"evaluator": {"set": {"image_size": 8}}},
+            "stage evaluator: model.image_size=8 is invalid: it judges the family's final images",
+        ),
+        (
+            {"evaluator": {"set": {"noised": True}}},
+            "stage evaluator: train.task='classifier' is invalid: the evaluator stage trains a "
+            "clean classifier",
+        ),
+        ({"upsampler": {"config": "demo"}}, "stage upsampler: train.task='diffusion'"),
+        ({"base": {"set": {"data_dir": "/nowhere/data"}}}, "stage base: data.data_dir="),
+        ({"base": {"set": {"lr": "fast"}}}, "stage base: optim.lr"),
+        ({"base": {"config": "nosuch"}}, "stage base: config file 'nosuch' does not exist"),
+        ({"base": {"size": 1}}, "stage base: 'size' is no key (valid: config, set, resources)"),
+        ({"base": {"resources": {"gpus": 1}}}, "stage base: resources: 'gpus' is not a resource"),
+        ({"sample": {"steps": 3}}, "stage sample: 'steps' is no option"),
+        ({"sample": {"num_samples": 0}}, "stage sample: num_samples=0 is invalid: must be >= 1"),
+        ({"upscaler": {}}, "'upscaler' is no stage (valid: datasets, base, classifier,"),
+        ({"datasets": {"d": {"sorce": "x"}}}, "datasets: d: "),
+    ],
+)
+def test_a_bad_family_file_is_refused_naming_the_stage_and_field(
+    tmp_path: Path, changes: dict, message: str
+) -> None:
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        load_family(str(family_file(tmp_path, **changes)))
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("lr=1e-3", "--set lr=1e-3: expected STAGE.FIELD=VALUE"),
+        ("decoder.lr=1e-3", "--set decoder.lr=1e-3: expected STAGE.FIELD=VALUE"),
+        ("base.lr", "--set base.lr: expected STAGE.FIELD=VALUE"),
+    ],
+)
+def test_a_bad_stage_override_is_refused(tmp_path: Path, item: str, message: str) -> None:
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        load_family(str(family_file(tmp_path)), overrides=[item])
+
+
+def test_sample_and_evaluate_options_are_overridden_too(tmp_path: Path) -> None:
+    family = load_family(
+        str(family_file(tmp_path)),
+        overrides=["sample.num_samples=8", "sample.use_ddim=false", "evaluate.split=val"],
+    )
+    assert family.sample.num_samples == 8 and family.sample.use_ddim is False
+    assert family.evaluate.split == "val"
+
+
+def test_an_unknown_family_name_lists_the_shipped_ones() -> None:
+    with pytest.raises(FileNotFoundError, match="shipped families by name: family_demo"):
+        load_family("family_nosuch")
