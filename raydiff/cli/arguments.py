@@ -81,18 +81,12 @@ def read_options_file(path: str, options_type: type) -> dict[str, Any]:
     flag's name, ``sigma-rel``), each value of its field's type; a list of numbers stands for
     the comma-separated text its flag takes. Unknown keys and values of the wrong type are
     refused, naming the file, the key and what is valid."""
-    import yaml
+    from raydiff.config.presets import read_yaml_mapping
 
     file = Path(path)
     if not file.is_file():
         raise UserInputError(f"--config {path}: no such file")
-    try:
-        data = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as err:
-        detail = " ".join(str(err).split())
-        raise UserInputError(f"--config {path} is not valid YAML: {detail}") from None
-    if not isinstance(data, Mapping):
-        raise UserInputError(f"--config {path} must hold a mapping of options")
+    data = read_yaml_mapping(file, what=f"--config {path}", holds="options")
     # Every option but the file's own flag, which a file does not name.
     fields = {f.name: f for f in _flag_fields(options_type) if f.name != "config"}
     hints = typing.get_type_hints(options_type)

@@ -40,22 +40,44 @@ def resolve_config_path(path_or_preset: str) -> Path:
     )
 
 
+def shipped_file(path_or_name: str, *, prefix: str, kind: str) -> Path:
+    """A file's path, or a shipped ``PREFIX*.yaml`` one's by name (``sweep_demo``,
+    ``family_demo``); ``kind`` names what it is in the refusal (``sweep``)."""
+    file = Path(path_or_name)
+    if file.is_file():
+        return file
+    shipped = PRESETS_DIR / f"{path_or_name.removesuffix('.yaml')}.yaml"
+    if "/" not in path_or_name and path_or_name.startswith(prefix) and shipped.is_file():
+        return shipped
+    names = sorted(p.stem for p in PRESETS_DIR.glob(f"{prefix}*.yaml"))
+    raise FileNotFoundError(
+        f"{kind} file {path_or_name!r} does not exist (shipped {kind} files by name: {', '.join(names)})"
+    )
+
+
+def read_yaml_mapping(file: Path, *, what: str, holds: str) -> dict[str, Any]:
+    """The mapping a YAML file holds (an empty file: {}); ``what`` names the file in a
+    refusal (``family file 'f.yaml'``), ``holds`` what it should hold (``stages``)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as err:
+        detail = " ".join(str(err).split())  # the parser's report spans several lines
+        raise UserInputError(f"{what} is not valid YAML: {detail}") from None
+    if not isinstance(data, Mapping):
+        raise UserInputError(f"{what} must hold a mapping of {holds}")
+    return dict(data)
+
+
 def read_config(path: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
     """The nested mapping a config is built from: a YAML file's or preset's fields (or none)
     with the ``--set`` overrides set, each overridden value converted to its field's type.
     Unknown fields are refused; the sections are not built (:func:`load_config` builds them)."""
-    import yaml
-
-    data: Any = {}
+    data: dict[str, Any] = {}
     if path is not None:
         file = resolve_config_path(path)
-        try:
-            data = yaml.safe_load(file.read_text()) or {}
-        except yaml.YAMLError as err:
-            detail = " ".join(str(err).split())  # the parser's report spans several lines
-            raise UserInputError(f"config file {str(file)!r} is not valid YAML: {detail}") from None
-    if not isinstance(data, Mapping):
-        raise UserInputError(f"config file {path!r} must hold a mapping of config sections")
+        data = read_yaml_mapping(file, what=f"config file {str(file)!r}", holds="config sections")
     if "search_space" in data:
         raise UserInputError(
             f"{path} is a sweep file (it has a search_space): run it with `raydiff sweep "

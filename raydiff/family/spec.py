@@ -31,13 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from raydiff.config import (
-    PRESETS_DIR,
     ExperimentConfig,
     override_text,
     read_config,
     resolve_config_path,
 )
-from raydiff.config.presets import FAMILY_PREFIX
+from raydiff.config.presets import FAMILY_PREFIX, read_yaml_mapping, shipped_file
 from raydiff.data.prepare import PrepareOptions
 from raydiff.errors import UserInputError
 from raydiff.train.preflight import config_for_data, existing_manifest, fit_to_data
@@ -181,17 +180,7 @@ def _refused(stage: str, key: str, value: Any, reason: str) -> UserInputError:
 
 def family_path(path_or_name: str) -> Path:
     """A family file's path, or a shipped one's by name (``family_demo``)."""
-    file = Path(path_or_name)
-    if file.is_file():
-        return file
-    shipped = PRESETS_DIR / f"{path_or_name.removesuffix('.yaml')}.yaml"
-    if "/" not in path_or_name and path_or_name.startswith(FAMILY_PREFIX) and shipped.is_file():
-        return shipped
-    names = sorted(p.stem for p in PRESETS_DIR.glob(f"{FAMILY_PREFIX}*.yaml"))
-    raise FileNotFoundError(
-        f"family file {path_or_name!r} does not exist (shipped families by name: "
-        f"{', '.join(names)})"
-    )
+    return shipped_file(path_or_name, prefix=FAMILY_PREFIX, kind="family")
 
 
 def load_family(
@@ -199,16 +188,8 @@ def load_family(
 ) -> Family:
     """Read and check a family file, with ``--set STAGE.FIELD=VALUE`` ``overrides`` and
     ``--max-steps`` (a cap on every training stage's ``train.max_steps``)."""
-    import yaml
-
     file = family_path(path_or_name)
-    try:
-        data = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as err:
-        detail = " ".join(str(err).split())
-        raise UserInputError(f"family file {str(file)!r} is not valid YAML: {detail}") from None
-    if not isinstance(data, Mapping):
-        raise UserInputError(f"family file {str(file)!r} must hold a mapping of stages")
+    data = read_yaml_mapping(file, what=f"family file {str(file)!r}", holds="stages")
     blocks = _with_overrides(data, overrides or [])
     datasets = _datasets(blocks.pop("datasets", None) or {})
     waiting = tuple(out for out in datasets if not (Path(out) / "manifest.json").is_file())
@@ -389,6 +370,7 @@ def check_family(family: Family) -> None:
         )
     if "upsampler" in stages:
         _check_upsampler(stages["upsampler"].config, base)
+    _check_weights(family)
     evaluator = stages["evaluator"].config.model
     final = stages.get("upsampler", stages["base"]).config.model
     for key in ("image_size", "in_channels"):
@@ -464,3 +446,37 @@ def _check_upsampler(upsampler: ExperimentConfig, base: ExperimentConfig) -> Non
             "the unguided cascade's base samples have no labels (the base model is "
             "unconditional): train the upsampler unconditional",
         )
+
+
+def _check_weights(family: Family) -> None:
+    """The ``sample`` stage's weights names: of a stage the family has; ``ema_<rate>`` one of
+    its ``optim.ema_rate``; ``phema_<length>`` (reconstructed after training with ``raydiff
+    ema``) of a stage that tracks post-hoc EMA."""
+    options = family.sample
+    for key, stage in (
+        ("weights", "base"),
+        ("classifier_weights", "classifier"),
+        ("upsampler_weights", "upsampler"),
+    ):
+        weights = getattr(options, key)
+        if weights is None or weights == "model":
+            continue
+        if stage not in family.stages:
+            raise _refused("sample", key, weights, f"the family has no {stage} stage")
+        optim = family.stages[stage].config.optim
+        rates = [f"ema_{rate}" for rate in optim.ema_rates()]
+        if weights.startswith("phema_") and not optim.posthoc_ema_stds:
+            raise _refused(
+                "sample",
+                key,
+                weights,
+                f"the {stage} stage tracks no post-hoc EMA: set its optim.posthoc_ema_stds "
+                "(e.g. 0.05,0.10)",
+            )
+        if weights.startswith("ema_") and weights not in rates:
+            raise _refused(
+                "sample",
+                key,
+                weights,
+                f"the {stage} stage keeps {', '.join(rates) or 'no EMA'} (optim.ema_rate)",
+            )

@@ -19,6 +19,8 @@ passed on to every running stage, which stops as its single command does.
 from __future__ import annotations
 
 import logging
+import math
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +41,13 @@ PROGRESS_SECONDS = 60.0
 STOP_SECONDS = 120.0
 """How long a stopped stage may take to leave before it is killed."""
 
+ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+RAYLET = "(raylet)"
+LOG_PREFIX = re.compile(
+    r"^(\(\w+ pid=\d+\)\s*)?(\d{4}-\d\d-\d\d [\d:,]+ (\[rank \d+\] |[A-Z]+ )?[\w.]+: )?"
+)
+"""A worker's and a log record's prefix: a progress line shows what the record says."""
+
 State = Literal["waiting", "running", "done", "failed", "skipped"]
 
 
@@ -58,13 +67,15 @@ class StageRun:
     log_file: IO[bytes] | None = None
 
     def last_line(self) -> str:
-        """The last non-empty line of its log ('' before it wrote one)."""
+        """The last line of its log that its command wrote ('' before one): Ray's raylet
+        adds lines of its own to every driver's console, colours stripped."""
         if not self.log.is_file():
             return ""
         with open(self.log, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 4096))
-            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines()]
-        return next((line for line in reversed(lines) if line), "")
+            f.seek(max(0, f.seek(0, 2) - 16384))
+            text = ANSI_COLOUR.sub("", f.read().decode(errors="replace"))
+        lines = [line.strip() for line in text.splitlines()]
+        return next((line for line in reversed(lines) if line and RAYLET not in line), "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,8 +100,12 @@ def run_family(how: FamilyLoad, *, output: str, address: str | None) -> Path:
     family = how.load()  # every check that needs no data, before anything is written
     _prepare_datasets(family)
     family = how.load()  # the checks that need the data (classes, channels)
-    workers = sum(s.config.scaling.worker_sizes[0] for s in family.stages.values())
-    ensure_ray(address=address, num_workers=workers, cpus_per_worker=1.0)
+    # A local instance holds every training's workers at once (ensure_ray adds Ray Data's).
+    cpus = sum(
+        s.config.scaling.worker_sizes[0] * s.config.scaling.cpus_per_worker
+        for s in family.stages.values()
+    )
+    ensure_ray(address=address, num_workers=math.ceil(cpus), cpus_per_worker=1.0)
     stages = _stage_runs(family, out=out, address=_address_for_stages(address))
     _run_stages(stages, out=out)
     done = {s.name for s in stages if s.state == "done"}
@@ -220,11 +235,39 @@ def sample_commands(family: Family, *, out: Path, address: str) -> list[list[str
             ),
         ]
         runs = {"guided": [*common, *guidance], **runs}
-    return [
+    sampling = [
         [*argv, "--out", str(out / "sample" / name)]
         for name, argv in runs.items()
         if not samples_written(out / "sample" / name)
     ]
+    return [*posthoc_ema_commands(family, out=out), *sampling] if sampling else []
+
+
+POSTHOC_PREFIX = "phema_"
+
+
+def posthoc_ema_commands(family: Family, *, out: Path) -> list[list[str]]:
+    """``raydiff ema`` for each ``phema_<length>`` weights the ``sample`` stage names that its
+    model's final checkpoint does not hold yet (a model trained with
+    ``optim.posthoc_ema_stds``): the family chooses each model's EMA length after training."""
+    options = family.sample
+    named = {
+        "base": options.weights,
+        "classifier": options.classifier_weights,
+        "upsampler": options.upsampler_weights,
+    }
+    commands = []
+    for stage, weights in named.items():
+        if not weights or not weights.startswith(POSTHOC_PREFIX) or stage not in family.stages:
+            continue
+        checkpoint = Path(final_checkpoint(out, stage))
+        if not (checkpoint / f"{weights}.pt").is_file():
+            step = checkpoint.name.split("_")[-1]
+            length = weights.removeprefix(POSTHOC_PREFIX)
+            commands.append(
+                ["ema", "--run", str(out / stage), "--sigma-rel", length, "--step", str(int(step))]
+            )
+    return commands
 
 
 def samples_written(folder: Path) -> bool:
@@ -314,7 +357,7 @@ def _finish(stage: StageRun, state: State, note: str) -> None:
 def _print_progress(stages: list[StageRun]) -> None:
     for stage in stages:
         if stage.state == "running":
-            logger.info("%s: %s", stage.name, stage.last_line()[:160])
+            logger.info("%s: %s", stage.name, LOG_PREFIX.sub("", stage.last_line())[:160])
 
 
 def _stop_all(stages: list[StageRun], *, sigterm: bool) -> list[str]:

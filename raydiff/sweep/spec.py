@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from raydiff.config import (
-    PRESETS_DIR,
     SWEEP_PREFIX,
     ExperimentConfig,
     apply_overrides,
@@ -44,6 +43,7 @@ from raydiff.config import (
     resolve_config_path,
     resolve_field,
 )
+from raydiff.config.presets import read_yaml_mapping, shipped_file
 from raydiff.data.manifest import Manifest
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.seeding import derive_seed
@@ -337,19 +337,13 @@ def load_sweep(
     (data_dir -> the dataset's manifest) fits the base config to the data, as ``raydiff train``
     does, and checks every trial against it too.
     """
-    import yaml
-
     base_dir = Path.cwd()
     if isinstance(path_or_data, Mapping):
         data, source = dict(path_or_data), "sweep"
     else:
         file = _sweep_path(str(path_or_data))
-        try:
-            data = yaml.safe_load(file.read_text())
-        except yaml.YAMLError as err:
-            detail = " ".join(str(err).split())
-            raise UserInputError(f"sweep file {str(file)!r} is not valid YAML: {detail}") from None
         source, base_dir = f"sweep file {str(file)!r}", file.parent
+        data = read_yaml_mapping(file, what=source, holds="sweep settings")
     sweep = parse_sweep(data, source=source)
     dimensions = sweep.dimensions()
     set_items = sweep.set_items() + list(overrides or [])
@@ -395,16 +389,7 @@ def load_sweep(
 
 def _sweep_path(path_or_name: str) -> Path:
     """A sweep file's path, or a shipped one's by name (``sweep_demo``)."""
-    file = Path(path_or_name)
-    if file.is_file():
-        return file
-    shipped = PRESETS_DIR / f"{path_or_name.removesuffix('.yaml')}.yaml"
-    if "/" not in path_or_name and path_or_name.startswith(SWEEP_PREFIX) and shipped.is_file():
-        return shipped
-    names = sorted(p.stem for p in PRESETS_DIR.glob(f"{SWEEP_PREFIX}*.yaml"))
-    raise FileNotFoundError(
-        f"sweep file {path_or_name!r} does not exist (shipped sweeps by name: {', '.join(names)})"
-    )
+    return shipped_file(path_or_name, prefix=SWEEP_PREFIX, kind="sweep")
 
 
 def _base_path(base: str, base_dir: Path) -> str:

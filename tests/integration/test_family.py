@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -84,23 +85,71 @@ def tiny_family(tmp_path: Path, dataset: TinyDataset, *, steps: int = STEPS) -> 
     return path
 
 
-def checkpoint_times(out: Path) -> dict[str, float]:
+def checkpoint_times(out: Path, stages: tuple[str, ...]) -> dict[str, float]:
     """Each stage's final checkpoint's modification time (a retrained stage writes it again)."""
     return {
         stage: (out / stage / f"checkpoint_{STEPS:06d}" / "model.pt").stat().st_mtime
-        for stage in ("base", "classifier", "upsampler", "evaluator")
+        for stage in stages
     }
 
 
-def test_a_tiny_family_trains_samples_and_judges(
+def wait_for(condition, *, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} after {seconds} s"
+        time.sleep(0.2)
+
+
+SHORT = ("base", "classifier", "evaluator")
+
+
+def test_a_family_stopped_mid_way_continues_and_is_judged(
     ray_cluster: None, tiny_dataset: TinyDataset, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
+    """SIGTERM once three stages finished and the upsampler (longer) is on its way; the same
+    command again retrains none of the three, continues the upsampler, samples and reports."""
+    import ray
+
+    family = tiny_family(tmp_path, tiny_dataset)
     out = tmp_path / "family"
-    assert main(["family", str(tiny_family(tmp_path, tiny_dataset)), "--output", str(out)]) == 0
+    longer = ["--set", "upsampler.max_steps=150", "--set", "upsampler.save_interval=10"]
+    argv = ["family", str(family), "--output", str(out), *longer]
+    address = ray.get_runtime_context().gcs_address
+    process = subprocess.Popen(
+        [sys.executable, "-m", "raydiff.cli", *argv, "--address", address],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_for(
+            lambda: all(any(f"{s}: finished" in line for line in lines) for s in SHORT),
+            seconds=300,
+            what="finished short stages",
+        )
+        assert not (out / "upsampler" / "checkpoint_000150").exists(), "the upsampler finished"
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=150)
+        reader.join(timeout=10)
+    finally:
+        process.kill()
+    printed = "".join(lines)
+    assert process.returncode == 143, printed
+    assert "stopped by SIGTERM; stopped the stages upsampler" in printed
+    assert not (out / "sample").exists()
+    before = checkpoint_times(out, SHORT)
+    assert main([*argv, "--address", address]) == 0
+    assert checkpoint_times(out, SHORT) == before  # not retrained
+    assert "continuing from" in (out / "logs" / "upsampler.log").read_text()
     printed = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     assert list(report["models"]) == ["base", "classifier", "upsampler", "evaluator"]
-    assert all(m["step"] == STEPS for m in report["models"].values())
+    steps = {name: model["step"] for name, model in report["models"].items()}
+    assert steps == {"base": STEPS, "classifier": STEPS, "upsampler": 150, "evaluator": STEPS}
     rows = {row["name"]: row for row in report["samples"]}
     assert list(rows) == ["family", "unguided", "base_alone"]
     for row in rows.values():
@@ -109,12 +158,42 @@ def test_a_tiny_family_trains_samples_and_judges(
     assert 0 <= rows["family"]["accuracy"] <= 1 and rows["unguided"]["accuracy"] is None
     assert "| family | base model + classifier guidance (scale 1) + upsampler |" in printed
     assert (out / "report.png").read_bytes()[:4] == b"\x89PNG"
-    for stage in ("base", "classifier", "upsampler", "evaluator"):
-        assert (out / "logs" / f"{stage}.log").is_file()
-    assert len(list((out / "sample" / "guided" / "upsampled").glob("samples_8x16x16x1.npz"))) == 1
-    # Again: every stage is finished, nothing is trained or sampled again.
-    before = checkpoint_times(out)
-    samples = next((out / "sample" / "guided" / "upsampled").glob("*.npz")).stat().st_mtime
-    assert main(["family", str(tiny_family(tmp_path, tiny_dataset)), "--output", str(out)]) == 0
-    assert checkpoint_times(out) == before
-    assert next((out / "sample" / "guided" / "upsampled").glob("*.npz")).stat().st_mtime == samples
+    [npz] = (out / "sample" / "guided" / "upsampled").glob("samples_*.npz")
+    assert npz.name == "samples_8x16x16x1.npz"
+
+
+def test_a_failed_stage_is_named_and_the_independent_ones_finish(
+    ray_cluster: None, tiny_dataset: TinyDataset, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The upsampler's folder holds a run of another model (its config changed since): its
+    command refuses to continue it; the other trainings finish, sampling (which needs the
+    upsampler) does not run, and the command fails naming the stage, its last line and log."""
+    from raydiff.config import ExperimentConfig, apply_overrides
+    from raydiff.train.local import run_single_process
+
+    family = tiny_family(tmp_path, tiny_dataset)
+    out = tmp_path / "family"
+    other = apply_overrides(
+        ExperimentConfig(),
+        [
+            *tiny_model(image_size=16),
+            "model.num_channels=64",
+            "train.task=super_res",
+            "super_res.small_size=8",
+            f"data.data_dir={tiny_dataset.path}",
+            "train.batch_size=8",
+            "train.max_steps=2",
+            "train.save_interval=2",
+            "train.sample_interval=0",
+            "train.eval_interval=0",
+        ],
+    )
+    run_single_process(other, output_dir=out / "upsampler")
+    assert main(["family", str(family), "--output", str(out)]) == EXIT_RUN_FAILED
+    error = capsys.readouterr().err
+    log = out / "logs" / "upsampler.log"
+    assert "stage upsampler failed (exit status 1: raydiff train: error:" in error
+    assert f"its log: {log}" in error and "not run: sample" in error
+    assert "finished: base, classifier, evaluator" in error
+    assert all((out / s / f"checkpoint_{STEPS:06d}").is_dir() for s in SHORT)
+    assert not (out / "sample").exists() and not (out / "report.md").exists()

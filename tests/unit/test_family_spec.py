@@ -125,6 +125,19 @@ def test_the_shipped_demo_family_loads_by_name() -> None:
         ({"sample": {"steps": 3}}, "stage sample: 'steps' is no option"),
         ({"sample": {"num_samples": 0}}, "stage sample: num_samples=0 is invalid: must be >= 1"),
         ({"upscaler": {}}, "'upscaler' is no stage (valid: datasets, base, classifier,"),
+        (
+            {"sample": {"weights": "phema_0.080"}},
+            "stage sample: weights='phema_0.080' is invalid: the base stage tracks no post-hoc "
+            "EMA: set its optim.posthoc_ema_stds",
+        ),
+        (
+            {"sample": {"weights": "ema_0.5"}},
+            "stage sample: weights='ema_0.5' is invalid: the base stage keeps ema_0.99",
+        ),
+        (
+            {"upsampler": None, "sample": {"upsampler_weights": "ema_0.99"}},
+            "stage sample: upsampler_weights='ema_0.99' is invalid: the family has no upsampler",
+        ),
         ({"datasets": {"d": {"sorce": "x"}}}, "datasets: d: "),
     ],
 )
@@ -158,5 +171,47 @@ def test_sample_and_evaluate_options_are_overridden_too(tmp_path: Path) -> None:
 
 
 def test_an_unknown_family_name_lists_the_shipped_ones() -> None:
-    with pytest.raises(FileNotFoundError, match="shipped families by name: family_demo"):
+    with pytest.raises(FileNotFoundError, match="shipped family files by name: family_demo"):
         load_family("family_nosuch")
+
+
+def test_post_hoc_ema_weights_of_a_tracking_stage_are_taken(tmp_path: Path) -> None:
+    file = family_file(
+        tmp_path,
+        base={"set": {"posthoc_ema_stds": "0.05,0.10"}},
+        sample={"weights": "phema_0.080"},
+    )
+    assert load_family(str(file)).sample.weights == "phema_0.080"
+
+
+def test_the_sample_stage_reconstructs_the_post_hoc_lengths_it_samples_with(
+    tmp_path: Path,
+) -> None:
+    """Its command lines: ``raydiff ema`` for a ``phema_`` weights the checkpoint lacks, then
+    the guided and the unguided cascade; samples already written are not drawn again."""
+    from raydiff.orchestrate.family import sample_commands
+
+    file = family_file(
+        tmp_path,
+        base={"set": {"posthoc_ema_stds": "0.05,0.10"}},
+        sample={"weights": "phema_0.080"},
+    )
+    family = load_family(str(file))
+    out = tmp_path / "family"
+    for stage in ("base", "classifier", "upsampler"):
+        (out / stage / "checkpoint_000450").mkdir(parents=True)
+        (out / stage / "checkpoint_000450" / "files.json").write_text("{}")
+    commands = sample_commands(family, out=out, address="auto")
+    assert commands[0] == [
+        "ema", "--run", str(out / "base"), "--sigma-rel", "0.080", "--step", "450"
+    ]  # fmt: skip
+    guided, unguided = commands[1:]
+    assert guided[guided.index("--out") + 1] == str(out / "sample" / "guided")
+    assert "--classifier" in guided and "--classifier" not in unguided
+    assert guided[guided.index("--weights") + 1] == "phema_0.080"
+    (out / "base" / "checkpoint_000450" / "phema_0.080.pt").write_bytes(b"")
+    (out / "sample" / "guided" / "upsampled").mkdir(parents=True)
+    (out / "sample" / "guided" / "upsampled" / "samples_16x16x16x1.npz").write_bytes(b"")
+    assert [c[c.index("--out") + 1] for c in sample_commands(family, out=out, address="a")] == [
+        str(out / "sample" / "unguided")
+    ]
