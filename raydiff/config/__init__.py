@@ -2,7 +2,8 @@
 
 One module per section (:mod:`~raydiff.config.model`, :mod:`~raydiff.config.classifier`,
 :mod:`~raydiff.config.super_res`, :mod:`~raydiff.config.diffusion`, :mod:`~raydiff.config.optim`,
-:mod:`~raydiff.config.train`, :mod:`~raydiff.config.scaling`, :mod:`~raydiff.config.evaluation`;
+:mod:`~raydiff.config.train`, :mod:`~raydiff.config.scaling`, :mod:`~raydiff.config.evaluation`,
+:mod:`~raydiff.config.tracking`;
 the data section is :mod:`raydiff.data.config`), :mod:`~raydiff.config.field_values` (the error
 for a bad value, comma-separated values), :mod:`~raydiff.config.experiment`
 (the sections of one run and the fields one takes from another),
@@ -41,6 +42,7 @@ from raydiff.config.presets import (
 )
 from raydiff.config.scaling import ScalingConfig
 from raydiff.config.super_res import SuperResConfig
+from raydiff.config.tracking import TrackingConfig
 from raydiff.config.train import Precision, ScheduleSamplerName, TrainConfig
 from raydiff.data.config import DataConfig
 
@@ -63,6 +65,7 @@ __all__ = [
     "ScalingConfig",
     "ScheduleSamplerName",
     "SuperResConfig",
+    "TrackingConfig",
     "TrainConfig",
     "apply_overrides",
     "coerce",

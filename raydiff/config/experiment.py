@@ -22,6 +22,7 @@ from raydiff.config.model import ModelConfig
 from raydiff.config.optim import OptimConfig
 from raydiff.config.scaling import ScalingConfig
 from raydiff.config.super_res import SuperResConfig
+from raydiff.config.tracking import TrackingConfig
 from raydiff.config.train import TrainConfig
 from raydiff.data.config import DataConfig, check_data_field
 from raydiff.errors import ConfigError
@@ -57,6 +58,8 @@ class ExperimentConfig:
     """Workers, resources and failure handling on Ray."""
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     """Evaluation of checkpoints during training."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """The experiment trackers the run logs to (TensorBoard, MLflow, W&B)."""
 
     def __post_init__(self) -> None:
         if self.train.task == "classifier":

@@ -48,11 +48,14 @@ def evaluate_checkpoint(
     run_dir: str | StoragePath,
     step: int,
     options: EvaluationConfig,
+    run_config: ExperimentConfig | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``checkpoint`` (step ``step`` of the run in ``run_dir``) as ``options`` say;
     returns the result written to ``RUN/evaluation/checkpoint_NNNNNN/evaluation.json``. A run
     folder under a URI gets the same files: written here, then uploaded (the checkpoint is
-    downloaded to be loaded)."""
+    downloaded to be loaded). ``run_config``: the run's config, whose trackers
+    (``tracking.backend``) get the figures and the samples' grid (default: TensorBoard's
+    events only)."""
     from raydiff.train.sample_grid import tile
 
     start = time.monotonic()
@@ -70,7 +73,7 @@ def evaluate_checkpoint(
     # The run's one evaluator, one checkpoint at a time, is this file's only writer.
     append_line(run_dir / RESULTS_DIR / METRICS_FILE, json.dumps(result))
     scalars = {k: v for k, v in result.items() if k in SCALARS and v is not None}
-    add_to_tensorboard(run_dir, step=step, scalars=scalars, images={"samples": tile(samples)})
+    _track(run_config, run_dir=run_dir, step=step, scalars=scalars, grid=tile(samples))
     logger.info(
         "evaluated %s in %.0f s: %s",
         checkpoint.name,
@@ -78,6 +81,35 @@ def evaluate_checkpoint(
         "  ".join(f"{k} {v:.4g}" for k, v in scalars.items()),
     )
     return result
+
+
+def _track(
+    run_config: ExperimentConfig | None,
+    *,
+    run_dir: StoragePath,
+    step: int,
+    scalars: dict[str, float],
+    grid: np.ndarray,
+) -> None:
+    """``eval/<figure>`` and the image ``eval/samples`` at ``step`` in the run's trackers:
+    TensorBoard's evaluation events, and the tracked runs of the others."""
+    if run_config is None or "tensorboard" in run_config.tracking.backends:
+        add_to_tensorboard(run_dir, step=step, scalars=scalars, images={"samples": grid})
+    if run_config is None or run_config.tracking.backends == ("tensorboard",):
+        return
+    import tempfile
+
+    from raydiff.train.tracking import Point, open_trackers
+
+    with tempfile.TemporaryDirectory(prefix="raydiff-eval-tracking-") as local:
+        trackers = open_trackers(
+            run_config, run_dir=run_dir, local_dir=Path(local), start_step=0, role="evaluation"
+        )
+        try:
+            trackers.log_scalars([Point(step, {f"eval/{k}": v for k, v in scalars.items()})])
+            trackers.log_image("eval/samples", grid, step=step)
+        finally:
+            trackers.close()
 
 
 def _evaluate(

@@ -37,6 +37,7 @@ class CheckpointEvaluator:
         import torch
 
         torch.set_num_threads(threads)
+        self.config = config
         self.options = config.evaluation
         self.run_dir = run_dir
         self.requested: set[int] = set()
@@ -56,7 +57,11 @@ class CheckpointEvaluator:
         checkpoint = self.run_dir / name
         try:
             result = evaluate_checkpoint(
-                checkpoint, run_dir=self.run_dir, step=step, options=self.options
+                checkpoint,
+                run_dir=self.run_dir,
+                step=step,
+                options=self.options,
+                run_config=self.config,
             )
         except Exception as error:  # an evaluation must never take the run down
             if not checkpoint.is_dir():

@@ -15,6 +15,8 @@ The sweep folder::
                                      trial.json (Tune's trial id, its values, start time)
     tune/                            Ray Tune's experiment state
     results.csv, best_config.yaml    written when every trial has ended
+    tracking.json                    the sweep's parent runs in MLflow / W&B (tracking.backend;
+                                     each trial's run is their child)
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from raydiff.sweep.results import (
 )
 from raydiff.sweep.spec import LoadedSweep, SearchDimension, load_sweep, trial_run_name
 from raydiff.train.checkpoint import latest_checkpoint
+from raydiff.train.tracking import finish_sweep_tracking, start_sweep_tracking
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +209,7 @@ def run_trial(
     trials_dir: StoragePath,
     manifest: Manifest,
     cached_splits: dict[str, Any],
+    tracking_parent: dict[str, Any],
 ) -> None:
     """The Tune trainable (bound to its sweep by :func:`_trainable`): one trial = one
     ``run_training_job`` into ``trials_dir/<name>``."""
@@ -223,6 +227,7 @@ def run_trial(
         manifest=manifest,
         callbacks=[EvaluationRelay(loaded.sweep.metric)],
         cached_splits=cached_splits,
+        tracking_parent=tracking_parent,  # the trial's tracked run is the sweep's child
     )
     if result.get("already_finished") and loaded.sweep.metric in result:
         # Interrupted after its last checkpoint but before Tune saw the last report (resumed
@@ -237,6 +242,7 @@ def _trainable(
     trials_dir: StoragePath,
     manifest: Manifest,
     cached_splits: dict[str, Any],
+    tracking_parent: dict[str, Any],
 ) -> Any:
     """:func:`run_trial` bound to this sweep, with a trial's resources."""
     trial = functools.partial(
@@ -245,6 +251,7 @@ def _trainable(
         trials_dir=trials_dir,
         manifest=manifest,
         cached_splits=cached_splits,
+        tracking_parent=tracking_parent,
     )
     return tune.with_resources(trial, {"CPU": TRIAL_DRIVER_CPUS})
 
@@ -295,8 +302,14 @@ def _tuner(
     # Every trial reads the same images: decode them into the object store once, here (this
     # driver owns the blocks and outlives the trials), instead of once per trial.
     cached_splits = cache_splits(loaded.base_config.data, manifest=manifest)
+    # The sweep's parent runs: created by its first start, found again by a resumed one.
+    parent = start_sweep_tracking(loaded.base_config, sweep_dir=out)
     trainable = _trainable(
-        loaded, trials_dir=trials_dir, manifest=manifest, cached_splits=cached_splits
+        loaded,
+        trials_dir=trials_dir,
+        manifest=manifest,
+        cached_splits=cached_splits,
+        tracking_parent=parent,
     )
     if restore:
         # Finished and failed trials stay as they are; interrupted ones run again and continue
@@ -453,6 +466,7 @@ def _run(
     # Trials run in other working directories; the caller's sweep and config stay as they were.
     loaded = dataclasses.replace(loaded, base_config=with_absolute_data_dir(loaded.base_config))
     manifest = manifest or load_manifest(loaded.base_config.data.data_dir)
+    loaded.base_config.tracking.check_installed()  # before Ray and Tune start
     scaling = loaded.base_config.scaling
     concurrency = loaded.sweep.max_concurrent_trials or _default_concurrency(loaded)
     ensure_ray(
@@ -505,6 +519,7 @@ def _run(
     if interrupted:
         return outcome
     outcome.results_csv = write_csv(rows, out / "results.csv", metric=metric, columns=columns)
+    finish_sweep_tracking(loaded.base_config, sweep_dir=out, results_csv=outcome.results_csv)
     best = best_row(rows, metric=metric, mode=mode)
     if best is not None:
         outcome.best_config = write_best_config(

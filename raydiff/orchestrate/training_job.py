@@ -35,6 +35,7 @@ from raydiff.storage import (
 )
 from raydiff.train.preflight import StartPoint, plan_start
 from raydiff.train.run_lock import run_lock
+from raydiff.train.tracking import start_tracking
 
 if TYPE_CHECKING:
     import ray.train
@@ -111,6 +112,7 @@ def run_training_job(
     callbacks: list[Any] | None = None,
     cached_splits: dict[str, Any] | None = None,
     make_task: TaskFactory | None = None,
+    tracking_parent: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train ``config`` with Ray Train; returns rank 0's final metrics plus the checkpoint path.
 
@@ -122,6 +124,7 @@ def run_training_job(
     already decoded into the object store (``raydiff.data.pipeline.cache_splits``; a sweep
     decodes once for all its trials). ``make_task``: the workers' task factory (pickled to
     them; default the task ``train.task`` names, ``raydiff.train.tasks.task_of_config``).
+    ``tracking_parent``: a sweep's tracked runs (``raydiff.train.tracking``), this run's parents.
     """
     # Every check runs before Ray is even imported: a bad config must not start a cluster.
     config = with_absolute_data_dir(config)  # workers chdir into their run folder
@@ -144,6 +147,8 @@ def run_training_job(
     # Ray starts; the lock is held until this run returns or fails.
     # Object stores have no locks: one driver per remote run folder is the user's to ensure.
     with run_lock(out) if is_local(out) else contextlib.nullcontext():
+        # The run's tracked runs, created once and continued by every later attempt.
+        start_tracking(config, run_dir=out, parent=tracking_parent)
         return _train_on_ray(
             config,
             out=out,

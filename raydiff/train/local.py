@@ -28,6 +28,7 @@ from raydiff.train.loop import run_loop
 from raydiff.train.preflight import plan_start
 from raydiff.train.run_lock import run_lock
 from raydiff.train.runtime import Batch, CheckpointFiles, ValBatches
+from raydiff.train.tracking import start_tracking
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +157,7 @@ def run_single_process(
     # user's to ensure).
     lock = run_lock(output_dir) if is_local(output_dir) else contextlib.nullcontext()
     with lock:
+        start_tracking(config, run_dir=output_dir)  # the tracked runs a Ray run would continue
         data = config.data
         labels_wanted = config.model.class_cond
         images, labels, _ = load_split_tensors(data.data_dir, data.train_split, manifest=manifest)

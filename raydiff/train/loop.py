@@ -14,6 +14,7 @@ Files under ``output_dir`` (the main rank writes them, ``raydiff.train.run_files
     checkpoint_NNNNNN/               complete checkpoints (raydiff.train.checkpoint)
     samples/samples_NNNNNN.png       previews: EMA sample grids (DDIM)
     tensorboard/                     TensorBoard event files (scalars, sample grids, histograms)
+    tracking.json                    the run's tracked runs (MLflow, W&B: raydiff.train.tracking)
     config.json                      the resolved config
 """
 
@@ -216,6 +217,8 @@ class TrainingLoop:
             self.log(report, publish_now=is_save)
         checkpoint = self.checkpoint(report) if is_save else None
         self.runtime.report(report, step=step, checkpoint=checkpoint)
+        if checkpoint is not None and self.files is not None:
+            self.files.log_checkpoint(step)  # saved once report returned
         self.last_report.update(report)
         if preempted is not None:
             logger.warning("step %d saved; waiting for the worker group's restart", step)
@@ -236,7 +239,7 @@ class TrainingLoop:
         }
 
     def log(self, report: dict[str, Any], *, publish_now: bool) -> None:
-        """TensorBoard and the progress line (main rank)."""
+        """The trackers (TensorBoard, ...) and the progress line (main rank)."""
         assert self.files is not None
         step = report["step"]
         loss_aware = self.train.schedule_sampler != "uniform"

@@ -159,8 +159,10 @@ def check_run(
     Checks the batch split over ``num_workers`` (default: every size ``scaling.num_workers``
     allows) and
     microbatches, that the prepared shards exist and match the model (image size, channels,
-    classes), and that ``train.init_checkpoint`` and ``resume`` exist.
+    classes), that ``train.init_checkpoint`` and ``resume`` exist, and that the trackers of
+    ``tracking.backend`` are installed.
     """
+    config.tracking.check_installed()  # a tracker's extra: refused here, not in a worker
     if num_workers is None:
         config.train.check_worker_sizes(config.scaling.worker_sizes)
     else:

@@ -1,5 +1,6 @@
-"""What the main rank writes into a run folder while it trains: the resolved config, TensorBoard
-events, preview grids.
+"""What the main rank writes into a run folder while it trains: the resolved config, preview
+grids, post-hoc EMA snapshots, and what it logs to the run's trackers (``tracking.backend``:
+TensorBoard's events, MLflow, W&B; :mod:`raydiff.train.tracking`).
 
 ``output_dir`` may be a URI (``raydiff.storage.StoragePath``): the files are then written into a
 local staging folder and each is uploaded after writing it (TensorBoard's events at every
@@ -19,7 +20,9 @@ import torch
 
 from raydiff.config import ExperimentConfig, to_dict
 from raydiff.storage import MirroredFolder, StoragePath
-from raydiff.train.sample_grid import save_grid
+from raydiff.train.checkpoint import checkpoint_name
+from raydiff.train.sample_grid import make_grid, save_png
+from raydiff.train.tracking import Point, open_trackers
 
 logger = logging.getLogger(__name__)
 
@@ -47,14 +50,9 @@ class RunFiles:
         self.files.local.mkdir(parents=True, exist_ok=True)
         (self.files.local / "config.json").write_text(json.dumps(to_dict(config), indent=2))
         self.files.publish("config.json")
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(
-            str(self.files.local / "tensorboard"),
-            # Events a failed attempt logged past the step this one starts from (its checkpoint,
-            # or 0 for a run restarted before the first one) are dropped: without this
-            # TensorBoard shows two curves over the same steps.
-            purge_step=start_step + 1,
+        self.output_dir = output_dir
+        self.trackers = open_trackers(
+            config, run_dir=output_dir, local_dir=self.files.local, start_step=start_step
         )
         # Per-step losses, written at log steps with the wall time of their step (no host sync).
         self.step_losses: list[tuple[int, torch.Tensor, float]] = []
@@ -66,26 +64,29 @@ class RunFiles:
     def write_report(
         self, report: dict[str, Any], *, step: int, sampler_weights: np.ndarray | None
     ) -> None:
-        """The kept step losses, the report's scalars and the timestep sampler's weights."""
-        for logged_step, loss, wall_time in self.step_losses:
-            self.writer.add_scalar("train/loss_step", float(loss), logged_step, walltime=wall_time)
+        """The kept step losses, the report's metrics and the timestep sampler's weights."""
+        points = [
+            Point(logged_step, {"loss_step": float(loss)}, wall_time)
+            for logged_step, loss, wall_time in self.step_losses
+        ]
         self.step_losses.clear()
-        for key, value in report.items():
-            if key != "step":
-                self.writer.add_scalar(f"train/{key}", value, step)
-        if sampler_weights is not None:
-            self.writer.add_histogram("sampler/weights", torch.from_numpy(sampler_weights), step)
+        points.append(Point(step, {k: v for k, v in report.items() if k != "step"}))
+        self.trackers.log_scalars(points)
+        tensorboard = self.trackers.tensorboard
+        if sampler_weights is not None and tensorboard is not None:
+            tensorboard.log_histogram("sampler/weights", sampler_weights, step=step)
 
     def write_preview(self, images: torch.Tensor, *, step: int, columns: int | None = None) -> None:
-        """``samples/samples_NNNNNN.png`` (``columns`` wide; default about sqrt(N)) and the
-        TensorBoard images of ``step``."""
-        path = save_grid(
-            images,
-            self.files.local / "samples" / f"samples_{step:06d}.png",
-            columns=columns,
-        )
-        self.writer.add_images("samples/ema", (images.clamp(-1, 1) + 1) / 2, step)
+        """``samples/samples_NNNNNN.png`` (``columns`` wide; default about sqrt(N)), logged as
+        the image ``samples/ema`` of ``step``."""
+        grid = make_grid(images, columns=columns)
+        path = save_png(grid, self.files.local / "samples" / f"samples_{step:06d}.png")
+        self.trackers.log_image("samples/ema", grid, step=step)
         logger.info("wrote sample grid %s", self.files.publish(path))
+
+    def log_checkpoint(self, step: int) -> None:
+        """The checkpoint of ``step`` (saved by the runtime) in the trackers."""
+        self.trackers.log_checkpoint(str(self.output_dir / checkpoint_name(step)), step=step)
 
     def write_posthoc_snapshot(
         self, profiles: dict[str, dict[str, torch.Tensor]], *, step: int
@@ -104,12 +105,14 @@ class RunFiles:
             path.unlink()
 
     def publish_events(self, *, now: bool) -> None:
-        """A remote run folder's TensorBoard events so far (``now``: whatever the interval)."""
-        if self.files.is_remote:
-            self.writer.flush()
+        """The trackers' buffers written out, and a remote run folder's TensorBoard events so
+        far uploaded (``now``: whatever the interval)."""
+        self.trackers.flush(now=now)
+        if self.files.is_remote and self.trackers.tensorboard is not None:
             self.files.publish("tensorboard", min_interval_s=0 if now else EVENTS_UPLOAD_INTERVAL_S)
 
     def close(self) -> None:
-        self.writer.close()
-        self.publish_events(now=True)
+        self.trackers.close()
+        if self.files.is_remote and self.trackers.tensorboard is not None:
+            self.files.publish("tensorboard", min_interval_s=0)
         self.files.close()

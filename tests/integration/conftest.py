@@ -39,6 +39,8 @@ def ray_cluster() -> Iterator[None]:
     # Set before ray.init: the raylet and every worker inherit this environment.
     os.environ["RAY_AUTH_MODE"] = "disabled"  # throwaway cluster: no token files
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # report() is a barrier
+    # MLflow's usage telemetry (tests/integration/test_tracking.py): no network calls here.
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     # Workers import raydiff (and the functions Ray ships to them) from the checkout.
     paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))

@@ -1,0 +1,160 @@
+"""MLflow (``pip install 'raydiff[mlflow]'``): one MLflow run per run folder, through
+``MlflowClient`` (no fluent API: no process-global active run).
+
+The run holds the config as params, the metrics at their steps, the preview grids and checkpoint
+evaluations as images, and tags: ``checkpoint_NNNNNN`` (where each checkpoint is),
+``raydiff.logged_through`` (the last step logged: set in the same ``log_batch`` as the step's
+metrics, which the tracking store writes at once or not at all) and ``raydiff.key`` (the run
+folder's identity, :data:`raydiff.train.tracking.TRACKING_FILE`). A sweep's trials are children
+of its parent run (``mlflow.parentRunId``), whose artifact ``results.csv`` is the sweep's table.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raydiff.config import ExperimentConfig
+from raydiff.storage import StoragePath, local_copy
+from raydiff.train.tracking import Point, flat_params
+
+logger = logging.getLogger(__name__)
+
+KEY_TAG = "raydiff.key"
+LOGGED_THROUGH_TAG = "raydiff.logged_through"
+MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
+MAX_PARAMS_PER_BATCH = 100
+
+
+def _client(tracking_uri: str) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def start(
+    config: ExperimentConfig,
+    *,
+    folder: StoragePath,
+    key: str,
+    entry: Mapping[str, Any] | None,
+    parent: Mapping[str, Any] | None,
+    sweep: bool,
+) -> dict[str, Any]:
+    """The folder's MLflow run: the one its entry names, else the one tagged with its ``key``
+    (a driver that stopped before writing the entry), else a new one (a parent's child)."""
+    if entry is not None:
+        return dict(entry)
+    import mlflow
+
+    options = config.tracking
+    uri = options.mlflow_tracking_uri or mlflow.get_tracking_uri()  # resolved here: workers
+    client = _client(uri)  # run elsewhere, in other folders
+    if parent is not None:
+        experiment_id = parent["experiment_id"]
+    else:
+        experiment = client.get_experiment_by_name(options.mlflow_experiment)
+        experiment_id = (
+            experiment.experiment_id
+            if experiment is not None
+            else client.create_experiment(options.mlflow_experiment)
+        )
+    found = client.search_runs([experiment_id], filter_string=f"tags.`{KEY_TAG}` = '{key}'")
+    if found:
+        run_id = found[0].info.run_id
+    else:
+        tags = {KEY_TAG: key, "raydiff.folder": str(folder)}
+        if parent is not None:
+            tags["mlflow.parentRunId"] = parent["run_id"]
+        run = client.create_run(experiment_id, run_name=folder.name, tags=tags)
+        run_id = run.info.run_id
+        if not sweep:
+            _log_params(client, run_id, flat_params(config))
+    logger.info("MLflow run %s (experiment %s, %s)", run_id, experiment_id, uri)
+    return {"run_id": run_id, "experiment_id": experiment_id, "tracking_uri": uri}
+
+
+def _log_params(client: Any, run_id: str, params: Mapping[str, str]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, v) for k, v in params.items()]
+    for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
+
+
+class MlflowTracker:
+    """Logs into the run an entry of ``tracking.json`` names."""
+
+    name = "mlflow"
+
+    def __init__(self, entry: Mapping[str, Any], *, role: str) -> None:
+        self.client = _client(entry["tracking_uri"])
+        self.run_id = entry["run_id"]
+        self.role = role
+        self.logged_through = -1  # the evaluator's: each checkpoint is evaluated once
+        if role == "training":
+            tags = self.client.get_run(self.run_id).data.tags
+            self.logged_through = int(tags.get(LOGGED_THROUGH_TAG, -1))
+            self.client.update_run(self.run_id, status="RUNNING")  # again, when resumed
+
+    def log_scalars(self, points: Sequence[Point]) -> None:
+        from mlflow.entities import Metric
+
+        # Whole steps per batch: the tag is set in the batch that holds its step's metrics.
+        batch: list[Metric] = []
+        for point in sorted(points, key=lambda p: p.step):
+            if len(batch) + len(point.values) > MAX_METRICS_PER_BATCH:
+                self._log_batch(batch, last_step=batch[-1].step)
+                batch = []
+            stamp = int((point.wall_time or time.time()) * 1000)
+            batch += [Metric(k, float(v), stamp, point.step) for k, v in point.values.items()]
+        if batch:
+            self._log_batch(batch, last_step=batch[-1].step)
+
+    def _log_batch(self, metrics: list[Any], *, last_step: int) -> None:
+        from mlflow.entities import RunTag
+
+        tags = [RunTag(LOGGED_THROUGH_TAG, str(last_step))] if self.role == "training" else []
+        self.client.log_batch(self.run_id, metrics=metrics, tags=tags)
+
+    def log_image(self, key: str, image: np.ndarray, *, step: int) -> None:
+        self.client.log_image(self.run_id, _squeeze(image), key=key, step=step)
+
+    def log_checkpoint(self, location: str, *, step: int) -> None:
+        self.client.set_tag(self.run_id, Path(str(location)).name, str(location))
+
+    def flush(self, *, now: bool) -> None:
+        pass  # every call is written when it returns
+
+    def close(self) -> None:
+        if self.role == "training":
+            self.client.set_terminated(self.run_id, status="FINISHED")
+
+
+def _squeeze(image: np.ndarray) -> np.ndarray:
+    """A one-channel ``[H, W, 1]`` image as ``[H, W]`` (greyscale), others as they are."""
+    return image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image
+
+
+def open_tracker(
+    config: ExperimentConfig,
+    entry: Mapping[str, Any],
+    *,
+    run_dir: StoragePath,
+    local_dir: Path,
+    role: str,
+) -> MlflowTracker:
+    return MlflowTracker(entry, role=role)
+
+
+def log_results(entry: Mapping[str, Any], *, results_csv: StoragePath, folder: StoragePath) -> None:
+    """A sweep's ``results.csv`` as an artifact of its parent run, which then ends."""
+    client = _client(entry["tracking_uri"])
+    with local_copy(results_csv) as path:
+        client.log_artifact(entry["run_id"], str(path))
+    client.set_terminated(entry["run_id"], status="FINISHED")

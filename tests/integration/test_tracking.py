@@ -1,0 +1,313 @@
+"""Experiment tracking against the real thing: an MLflow tracking server (a subprocess, SQL
+backend, local artifact store; one per module) read back through ``MlflowClient``, and W&B's
+offline run files.
+
+1. A 2-worker run whose rank 0 is killed at step 7 (SIGKILL: Ray Train restarts the worker group
+   from checkpoint 4, and steps 5-6 are trained again) is one MLflow run holding every step once,
+   the config's values as params, the preview grids, the checkpoint evaluations and where each
+   checkpoint is.
+2. A sweep stopped by SIGTERM while its second trial trains and then resumed is one parent run
+   with one child per trial and the results table.
+3. W&B offline: a run continued from an older checkpoint than its last logged step (steps 3-4
+   trained again) logs each step once into one W&B run, read back from its ``.wandb`` files.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_job_submit import free_ports
+from test_sweep import _sweep_cli, _wait_for, write_base, write_sweep
+from test_training import tiny_config
+
+from raydiff.config import ExperimentConfig, from_dict
+from raydiff.train.tracking import TRACKING_FILE, flat_params
+
+pytestmark = pytest.mark.integration
+
+SERVER_START_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``mlflow server`` on a free port (sqlite backend, artifacts in a local folder): its URI."""
+    pytest.importorskip("mlflow")
+    root = tmp_path_factory.mktemp("mlflow")
+    (port,) = free_ports(1)
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
+    log = (root / "server.log").open("w")
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "mlflow", "server", "--workers", "1"),
+            *("--host", "127.0.0.1", "--port", str(port)),
+            *("--backend-store-uri", f"sqlite:///{root}/mlflow.db"),
+            *("--default-artifact-root", f"file:{root}/artifacts"),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: stopped whole at the end
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"mlflow server did not start: {(root / 'server.log').read_text()}"
+                )
+            time.sleep(0.5)
+        yield uri
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+
+
+def mlflow_runs(uri: str, experiment: str) -> list[Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no MLflow experiment {experiment!r}"
+    return client.search_runs([found.experiment_id])
+
+
+def steps_of(uri: str, run_id: str, key: str) -> list[int]:
+    from mlflow.tracking import MlflowClient
+
+    return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
+
+
+def test_a_run_with_a_killed_worker_is_one_mlflow_run_with_every_step_once(
+    ray_cluster: None, tiny_dataset, mlflow_server: str, tmp_path: Path
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from raydiff.orchestrate.training_job import run_training_job
+
+    killed = tmp_path / "killed"  # the killed worker's pid: the kill happens once
+
+    def killed_at_step_7(config: ExperimentConfig, *, runtime: Any) -> Any:
+        """The diffusion task, whose rank 0 of the first worker group kills its own process in
+        step 7 (one losses call per step: no microbatches), after logging steps 1-6."""
+        from raydiff.train.tasks import task_of_config
+
+        task = task_of_config(config, runtime=runtime)
+        if runtime.rank == 0 and not killed.exists():
+            losses, calls = task.losses, itertools.count(1)
+
+            def losses_until_killed(model, batch, t):
+                if next(calls) == 7:
+                    killed.write_text(str(os.getpid()))
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return losses(model, batch, t)
+
+            task.losses = losses_until_killed
+        return task
+
+    config = from_dict(
+        ExperimentConfig,
+        tiny_config(
+            tiny_dataset.path,
+            **{
+                "train.max_steps": 8,
+                "train.log_interval": 1,
+                "train.save_interval": 4,
+                "train.eval_interval": 4,
+                "train.sample_interval": 4,
+                "data.val_split": "val",
+                "scaling.max_failures": 2,
+                "evaluation.every_checkpoint": True,
+                "evaluation.num_samples": 4,
+                "evaluation.sample_respacing": "ddim4",
+                "evaluation.bpd_images": 2,
+                "evaluation.cpus": 0.5,
+                "tracking.backend": "tensorboard,mlflow",
+                "tracking.mlflow_tracking_uri": mlflow_server,
+                "tracking.mlflow_experiment": "killed-worker",
+            },
+        ),
+    )
+    out = tmp_path / "run"
+    result = run_training_job(config, output_dir=out, make_task=killed_at_step_7)
+    assert result["step"] == 8
+    assert killed.exists(), "rank 0 was not killed"
+
+    runs = mlflow_runs(mlflow_server, "killed-worker")
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    run = runs[0]
+    assert json.loads((out / TRACKING_FILE).read_text())["mlflow"]["run_id"] == run.info.run_id
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    run_id = run.info.run_id
+    for key in ("loss_step", "loss", "mse", "lr", "images_per_s"):
+        assert steps_of(mlflow_server, run_id, key) == list(range(1, 9)), key
+    assert steps_of(mlflow_server, run_id, "val_bpd") == [4, 8]
+    # The checkpoint evaluations, logged by the evaluator actor.
+    assert steps_of(mlflow_server, run_id, "eval/bpd_val") == [4, 8]
+    params = MlflowClient(mlflow_server).get_run(run_id).data.params
+    assert params == flat_params(config)
+    assert params["train.max_steps"] == "8" and params["model.num_channels"] == "32"
+    tags = run.data.tags
+    assert tags["checkpoint_000004"] == str(out / "checkpoint_000004")
+    assert tags["checkpoint_000008"] == str(out / "checkpoint_000008")
+    images = [a.path for a in MlflowClient(mlflow_server).list_artifacts(run_id, "images")]
+    assert any("samples" in p for p in images) and any("eval" in p for p in images), images
+
+
+def test_an_interrupted_and_resumed_sweep_is_one_parent_with_a_child_per_trial(
+    ray_cluster: None, tiny_dataset, mlflow_server: str, tmp_path: Path
+) -> None:
+    base = write_base(tmp_path, tiny_dataset.path)
+    sweep = write_sweep(
+        tmp_path,
+        base=str(base),
+        set={
+            "max_steps": 8,
+            "data.val_split": "",
+            "tracking.backend": "tensorboard,mlflow",
+            "tracking.mlflow_tracking_uri": mlflow_server,
+            "tracking.mlflow_experiment": "sweep",
+        },
+        search_space={"lr": {"grid": [1e-3, 2e-3]}},
+        metric="loss",
+        search="random",
+        num_samples=1,
+        max_concurrent_trials=1,
+        scheduler={"name": "none"},
+    )
+    out = tmp_path / "sweep"
+
+    def checkpoints(trial_prefix: str) -> list[Path]:
+        return sorted(out.glob(f"trials/{trial_prefix}_*/checkpoint_*/files.json"))
+
+    first = _sweep_cli("--config", str(sweep), "--output", str(out))
+    try:
+        _wait_for(lambda: checkpoints("t0001"), timeout=240, what="the second trial's checkpoint")
+        first.send_signal(signal.SIGTERM)
+        output, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 143, output
+    again = _sweep_cli("--resume", str(out))
+    output, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, output
+
+    runs = mlflow_runs(mlflow_server, "sweep")
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1, [r.info.run_name for r in parents]
+    parent = parents[0]
+    assert parent.info.run_name == "sweep"
+    trials = sorted(p.name for p in (out / "trials").iterdir())
+    assert sorted(r.info.run_name for r in children) == trials and len(trials) == 2
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    for child in children:
+        assert steps_of(mlflow_server, child.info.run_id, "loss_step") == list(range(1, 9))
+    from mlflow.tracking import MlflowClient
+
+    artifacts = [a.path for a in MlflowClient(mlflow_server).list_artifacts(parent.info.run_id)]
+    assert "results.csv" in artifacts
+
+
+def wandb_records(path: Path) -> Iterator[Any]:
+    """The records of a ``.wandb`` file: W&B's protobuf ``Record`` messages (the public
+    ``wandb.proto`` module) in LevelDB's log framing (32 KiB blocks of chunks, each a 7-byte
+    header: CRC32C, length, type full/first/middle/last), after W&B's 7-byte file header. W&B
+    offline keeps everything there; its Python reader left the package with wandb-core."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, position, pending = path.read_bytes(), 32768, 7, b""
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # a block's tail too short for a header: padding
+            position += block - position % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        if length == 0 and kind == 0:
+            break
+        chunk = data[position + 7 : position + 7 + length]
+        position += 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            yield record
+
+
+def item_key(item: Any) -> str:
+    """A record item's key (W&B writes it as ``nested_key`` parts or as ``key``)."""
+    return item.key or "/".join(item.nested_key)
+
+
+def test_wandb_offline_continues_one_run_and_logs_each_step_once(
+    tiny_dataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A single-process run to step 4 (checkpoints 2 and 4), its checkpoint 4 removed, then
+    continued to step 6: steps 3-4 are trained again from checkpoint 2 and not logged again."""
+    pytest.importorskip("wandb")
+    import shutil
+
+    from raydiff.train.local import run_single_process
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)  # 'auto': offline
+
+    def config(max_steps: int) -> ExperimentConfig:
+        settings = {
+            "train.max_steps": max_steps,
+            "train.log_interval": 1,
+            "train.save_interval": 2,
+            "train.sample_interval": 2,
+            "tracking.backend": "wandb",
+            "tracking.wandb_project": "raydiff-test",
+        }
+        return from_dict(ExperimentConfig, tiny_config(tiny_dataset.path, **settings))
+
+    out = tmp_path / "run"
+    run_single_process(config(4), output_dir=out)
+    shutil.rmtree(out / "checkpoint_000004")
+    run_single_process(config(6), output_dir=out)
+
+    state = json.loads((out / TRACKING_FILE).read_text())["wandb"]
+    assert state["mode"] == "offline" and state["logged_through"] == 6
+    files = sorted((tmp_path / "wandb-dir").glob(f"wandb/offline-run-*-{state['run_id']}/*.wandb"))
+    assert len(files) == 2, files  # one per process that logged: `wandb sync` joins them
+    steps, runs, config_items = [], set(), {}
+    for file in files:
+        for record in wandb_records(file):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                runs.add((record.run.run_id, record.run.project))
+                config_items.update({item_key(i): i.value_json for i in record.run.config.update})
+            elif kind == "history":
+                items = {item_key(i): i.value_json for i in record.history.item}
+                if "loss_step" in items:
+                    steps.append(int(items["_step"]))
+    assert runs == {(state["run_id"], "raydiff-test")}
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert json.loads(config_items["train.max_steps"]) in ("4", "6", 4, 6)
+    assert not (out / "tensorboard").exists()  # not among the trackers
