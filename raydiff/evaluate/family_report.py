@@ -11,8 +11,9 @@ The rows (each shows one part's effect by leaving it out):
 Each row's FD, precision and recall in the evaluator's features
 (:func:`raydiff.evaluate.samples_fid.run_fid`) and, for samples with labels (guided or
 class-conditional), the evaluator's accuracy on them (:func:`raydiff.evaluate.accuracy.run_accuracy`).
-Written to ``DIR/report.md``, ``DIR/report.json`` and ``DIR/report.png`` (the family's samples
-beside the data's); each row's figures to ``DIR/evaluate/<row>/``.
+Written to ``DIR/report.md``, ``DIR/report.json``, ``DIR/report.csv`` (the samples' table) and
+``DIR/report.png`` (the family's samples beside the data's); each row's figures to
+``DIR/evaluate/<row>/``.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def write_family_report(family: Family, *, out: Path) -> Path:
     }
     write_bytes_atomically(out / "report.json", json.dumps(report, indent=2).encode())
     write_bytes_atomically(out / "report.md", report_markdown(report).encode())
+    write_bytes_atomically(out / "report.csv", samples_csv(rows).encode())
     write_report_grid(family, out=out, samples=sample_sets(family, out=out)[0].folder)
     return out / "report.md"
 
@@ -215,6 +217,18 @@ def report_markdown(report: dict[str, Any]) -> str:
         figures = [_cell(row[k]) for k in ("fd", "precision", "recall", "accuracy", "num_samples")]
         lines.append(f"| {row['name']} | {row['description']} | {' | '.join(figures)} |")
     return "\n".join(lines) + "\n"
+
+
+def samples_csv(rows: list[dict[str, Any]]) -> str:
+    """``report.csv``: the samples' table (what a tracking backend keeps of the report)."""
+    import csv
+    import io
+
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
 
 
 def write_report_grid(family: Family, *, out: Path, samples: Path) -> Path:

@@ -13,6 +13,7 @@ A family file (YAML)::
     evaluator: {config: evaluator_demo}                  # clean, judges the samples
     sample: {num_samples: 256, classifier_scale: 1.0}    # the guided cascade (:class:`Sampling`)
     evaluate: {split: test}                              # the data it is judged against
+    tracking: {backend: tensorboard,mlflow}              # every stage's tracking section
 
 Every check runs here, before anything starts: unknown keys, each stage's config (built and
 checked as ``raydiff train`` builds it, fitted to its data where the data exists), each stage's
@@ -193,8 +194,11 @@ def load_family(
     blocks = _with_overrides(data, overrides or [])
     datasets = _datasets(blocks.pop("datasets", None) or {})
     waiting = tuple(out for out in datasets if not (Path(out) / "manifest.json").is_file())
+    tracking = _tracking(blocks.pop("tracking", None))
     stages = {
-        name: _training_stage(name, blocks[name], base_dir=file.parent, max_steps=max_steps)
+        name: _training_stage(
+            name, blocks[name], base_dir=file.parent, max_steps=max_steps, tracking=tracking
+        )
         for name in TRAINING_STAGES
         if name in blocks
     }
@@ -215,7 +219,7 @@ def _with_overrides(data: Mapping[str, Any], overrides: list[str]) -> dict[str, 
     ``set``, a ``sample`` / ``evaluate`` option to that block. Unknown blocks are refused."""
     import yaml
 
-    known = ("datasets", *TRAINING_STAGES, "sample", "evaluate")
+    known = ("datasets", "tracking", *TRAINING_STAGES, "sample", "evaluate")
     blocks = {str(key): value for key, value in data.items()}
     for key, value in blocks.items():
         if key not in known:
@@ -272,8 +276,27 @@ def _block(cls: type, stage: str, block: Any) -> Any:
         raise UserInputError(f"stage {stage}: {err}") from None
 
 
+def _tracking(block: Any) -> list[str]:
+    """The ``tracking`` block (the tracking section's fields, for every training stage) as
+    ``--set`` items."""
+    from raydiff.config.tracking import TrackingConfig
+
+    names = [f.name for f in dataclasses.fields(TrackingConfig)]
+    for key in block or {}:
+        if key not in names:
+            raise UserInputError(
+                f"stage tracking: {key!r} is no tracking field (valid: {', '.join(names)})"
+            )
+    return [f"tracking.{item}" for item in _items("tracking", "tracking", block)]
+
+
 def _training_stage(
-    name: str, block: Mapping[str, Any], *, base_dir: Path, max_steps: int | None
+    name: str,
+    block: Mapping[str, Any],
+    *,
+    base_dir: Path,
+    max_steps: int | None,
+    tracking: list[str],
 ) -> TrainingStage:
     """Stage ``name`` built from its block: its config read with its overrides, as ``raydiff
     train`` reads it, fitted to its data where that exists, and checked against its role."""
@@ -283,7 +306,11 @@ def _training_stage(
             f"stage {name}: {sorted(unknown)[0]!r} is no key (valid: config, set, resources)"
         )
     source = _config_source(name, block.get("config"), base_dir=base_dir)
-    overrides = [*_items(name, "set", block.get("set")), *_resources(name, block.get("resources"))]
+    overrides = [
+        *tracking,
+        *_items(name, "set", block.get("set")),
+        *_resources(name, block.get("resources")),
+    ]
     config = _stage_config(name, source, overrides)
     if max_steps is not None and max_steps < config.train.max_steps:
         overrides.append(f"train.max_steps={max_steps}")

@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
+from raydiff.config import ExperimentConfig
 from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError
 from raydiff.family.spec import Family, TrainingStage, load_family
 from raydiff.train.checkpoint import latest_checkpoint
+from raydiff.train.tracking import finish_parent_tracking, start_parent_tracking, start_tracking
 
 logger = logging.getLogger(__name__)
 
@@ -106,14 +108,36 @@ def run_family(how: FamilyLoad, *, output: str, address: str | None) -> Path:
         for s in family.stages.values()
     )
     ensure_ray(address=address, num_workers=math.ceil(cpus), cpus_per_worker=1.0)
+    tracked = start_family_tracking(family, out=out)
     stages = _stage_runs(family, out=out, address=_address_for_stages(address))
     _run_stages(stages, out=out)
     done = {s.name for s in stages if s.state == "done"}
     if {"sample", "evaluator"} <= done:
         logger.info("evaluate: judging the samples in the evaluator's features")
         write_family_report(family, out=out)
+        if tracked is not None:
+            finish_parent_tracking(tracked, sweep_dir=out, results_csv=out / "report.csv")
     _raise_if_failed(stages)
     return out / "report.md"
+
+
+def start_family_tracking(family: Family, *, out: Path) -> ExperimentConfig | None:
+    """With a tracking backend besides TensorBoard (a stage's ``tracking.backend``): the
+    family's parent runs (in ``DIR/tracking.json``), and each tracked stage's run as their child
+    (its run folder's ``tracking.json``, which its command then continues); the config whose
+    tracking settings the parent took (None: nothing tracked)."""
+    tracked = [
+        stage
+        for stage in family.stages.values()
+        if stage.config.tracking.backends != ("tensorboard",)
+    ]
+    if not tracked:
+        return None
+    config = tracked[0].config
+    parent = start_parent_tracking(config, sweep_dir=out)
+    for stage in tracked:
+        start_tracking(stage.config, run_dir=out / stage.name, parent=parent)
+    return config
 
 
 def _output_folder(output: str) -> Path:

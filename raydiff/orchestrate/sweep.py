@@ -67,7 +67,7 @@ from raydiff.sweep.results import (
 )
 from raydiff.sweep.spec import LoadedSweep, SearchDimension, load_sweep, trial_run_name
 from raydiff.train.checkpoint import latest_checkpoint
-from raydiff.train.tracking import finish_sweep_tracking, start_sweep_tracking
+from raydiff.train.tracking import finish_parent_tracking, start_parent_tracking
 
 logger = logging.getLogger(__name__)
 
@@ -303,7 +303,7 @@ def _tuner(
     # driver owns the blocks and outlives the trials), instead of once per trial.
     cached_splits = cache_splits(loaded.base_config.data, manifest=manifest)
     # The sweep's parent runs: created by its first start, found again by a resumed one.
-    parent = start_sweep_tracking(loaded.base_config, sweep_dir=out)
+    parent = start_parent_tracking(loaded.base_config, sweep_dir=out)
     trainable = _trainable(
         loaded,
         trials_dir=trials_dir,
@@ -519,7 +519,7 @@ def _run(
     if interrupted:
         return outcome
     outcome.results_csv = write_csv(rows, out / "results.csv", metric=metric, columns=columns)
-    finish_sweep_tracking(loaded.base_config, sweep_dir=out, results_csv=outcome.results_csv)
+    finish_parent_tracking(loaded.base_config, sweep_dir=out, results_csv=outcome.results_csv)
     best = best_row(rows, metric=metric, mode=mode)
     if best is not None:
         outcome.best_config = write_best_config(

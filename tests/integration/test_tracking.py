@@ -232,6 +232,43 @@ def test_an_interrupted_and_resumed_sweep_is_one_parent_with_a_child_per_trial(
     assert "results.csv" in artifacts
 
 
+def test_a_family_is_one_parent_with_a_child_per_stage(mlflow_server: str, tmp_path: Path) -> None:
+    """The family's tracking before its stages start (and again when it continues): one parent
+    named after its folder, each training stage's run its child, created in the stage's run
+    folder, where the stage's command finds it; the report's table goes to the parent."""
+    from mlflow.tracking import MlflowClient
+
+    from raydiff.family.spec import load_family
+    from raydiff.orchestrate.family import start_family_tracking
+    from raydiff.train.tracking import finish_parent_tracking, read_state
+
+    tracking = [
+        "tracking.backend=tensorboard,mlflow",
+        f"tracking.mlflow_tracking_uri={mlflow_server}",
+    ]
+    tracking.append("tracking.mlflow_experiment=family")
+    family = load_family("family_demo", overrides=tracking)
+    out = tmp_path / "family_run"
+    config = start_family_tracking(family, out=out)
+    assert start_family_tracking(family, out=out) == config  # continued: the same runs
+    client = MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("family")
+    runs = client.search_runs([experiment.experiment_id])
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.run_name == "family_run"
+    children = {r.info.run_name: r for r in runs if r is not parent}
+    assert sorted(children) == ["base", "classifier", "evaluator", "upsampler"]
+    for name, child in children.items():
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert read_state(out / name)["mlflow"]["run_id"] == child.info.run_id
+        assert child.data.params["train.max_steps"] == str(
+            family.stages[name].config.train.max_steps
+        )
+    (out / "report.csv").write_text("name,fd\nfamily,36.5\n")
+    finish_parent_tracking(config, sweep_dir=out, results_csv=out / "report.csv")
+    assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["report.csv"]
+
+
 def wandb_records(path: Path) -> Iterator[Any]:
     """The records of a ``.wandb`` file: W&B's protobuf ``Record`` messages (the public
     ``wandb.proto`` module) in LevelDB's log framing (32 KiB blocks of chunks, each a 7-byte

@@ -124,7 +124,7 @@ def test_the_shipped_demo_family_loads_by_name() -> None:
         ({"base": {"resources": {"gpus": 1}}}, "stage base: resources: 'gpus' is not a resource"),
         ({"sample": {"steps": 3}}, "stage sample: 'steps' is no option"),
         ({"sample": {"num_samples": 0}}, "stage sample: num_samples=0 is invalid: must be >= 1"),
-        ({"upscaler": {}}, "'upscaler' is no stage (valid: datasets, base, classifier,"),
+        ({"upscaler": {}}, "'upscaler' is no stage (valid: datasets, tracking, base, classifier,"),
         (
             {"sample": {"weights": "phema_0.080"}},
             "stage sample: weights='phema_0.080' is invalid: the base stage tracks no post-hoc "
@@ -139,6 +139,7 @@ def test_the_shipped_demo_family_loads_by_name() -> None:
             "stage sample: upsampler_weights='ema_0.99' is invalid: the family has no upsampler",
         ),
         ({"datasets": {"d": {"sorce": "x"}}}, "datasets: d: "),
+        ({"tracking": {"server": "x"}}, "stage tracking: 'server' is no tracking field (valid:"),
     ],
 )
 def test_a_bad_family_file_is_refused_naming_the_stage_and_field(
@@ -215,3 +216,10 @@ def test_the_sample_stage_reconstructs_the_post_hoc_lengths_it_samples_with(
     assert [c[c.index("--out") + 1] for c in sample_commands(family, out=out, address="a")] == [
         str(out / "sample" / "unguided")
     ]
+
+
+def test_the_tracking_block_is_every_stage_s(tmp_path: Path) -> None:
+    file = family_file(tmp_path, tracking={"backend": "tensorboard"})
+    family = load_family(str(file), overrides=["tracking.wandb_project=fam"])
+    assert {s.config.tracking.wandb_project for s in family.stages.values()} == {"fam"}
+    assert all(s.overrides[0] == "tracking.backend=tensorboard" for s in family.stages.values())

@@ -14,9 +14,11 @@ not logged again (the run keeps the first values of those steps; MLflow keeps ev
 step, so the rule must drop the second ones). TensorBoard drops the other way: its writer purges
 the events past the checkpoint (``purge_step``), and the steps are written again.
 
-A sweep is a parent run with a child per trial (:func:`start_sweep_tracking`: the parent's ids
-in the sweep folder's ``tracking.json``; the trials' :func:`start_tracking` name it as their
-parent), and its results table goes to the parent (:func:`finish_sweep_tracking`). No Ray here.
+A sweep is a parent run with a child per trial, a family one with a child per trained stage
+(:func:`start_parent_tracking`: the parent's ids in the sweep's or family's folder's
+``tracking.json``; the children's :func:`start_tracking` name it as their parent), and its
+results table (a sweep's ``results.csv``, a family's ``report.csv``) goes to the parent
+(:func:`finish_parent_tracking`). No Ray here.
 """
 
 from __future__ import annotations
@@ -113,13 +115,13 @@ def start_tracking(
     parent: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Create the run's tracked runs, or find them in ``RUN/tracking.json``; the state written
-    there. ``parent``: a sweep's state (:func:`start_sweep_tracking`), whose runs are the
+    there. ``parent``: a sweep's state (:func:`start_parent_tracking`), whose runs are the
     parents. Called by the driver before anything trains."""
     return _start(config, folder=run_dir, parent=parent, sweep=False)
 
 
-def start_sweep_tracking(config: ExperimentConfig, *, sweep_dir: StoragePath) -> dict[str, Any]:
-    """The sweep's parent runs (created once, found again by a resumed sweep)."""
+def start_parent_tracking(config: ExperimentConfig, *, sweep_dir: StoragePath) -> dict[str, Any]:
+    """A sweep's or a family's parent runs (created once, found again when it continues)."""
     return _start(config, folder=sweep_dir, parent=None, sweep=True)
 
 
@@ -153,10 +155,10 @@ def _start(
     return state
 
 
-def finish_sweep_tracking(
+def finish_parent_tracking(
     config: ExperimentConfig, *, sweep_dir: StoragePath, results_csv: StoragePath
 ) -> None:
-    """The sweep's results table, as an artifact of its parent runs."""
+    """A sweep's or a family's results table, as an artifact of its parent runs."""
     state = read_state(sweep_dir)
     for name in config.tracking.backends:
         if name in state:
