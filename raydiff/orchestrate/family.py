@@ -335,7 +335,11 @@ def _advance(stage: StageRun, stages: list[StageRun]) -> None:
         if failed:
             _finish(stage, "skipped", f"needs {', '.join(failed)}, which did not finish")
         elif all(states[name] == "done" for name in stage.needs):
-            stage.pending = stage.commands()
+            try:
+                stage.pending = stage.commands()
+            except (UserInputError, RunFailedError) as error:  # e.g. a stage left no checkpoint
+                _finish(stage, "failed", str(error))
+                return
             stage.state = "running"
             if not stage.pending:
                 _finish(stage, "done", "finished before: skipped")
