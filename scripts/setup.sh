@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Prepare a machine to run raydiff: a Python environment with the pinned packages, and the
-# embedded Fashion-MNIST dataset. Idempotent and quick on a second run.
+# Prepare a machine to run raydiff: a Python environment with the pinned packages, the
+# embedded Fashion-MNIST dataset and (for its test) Prometheus. Idempotent and quick on a second
+# run.
 #
 #   scripts/setup.sh            # uses the active virtualenv, else creates ./.venv
 #   RAYDIFF_SKIP_DATASET=1 ...  # skip the dataset check
@@ -44,17 +45,31 @@ else
   log "dependencies up to date"
 fi
 
+# Debian packages: the embedded dataset, and the Prometheus server whose test reads every panel
+# of raydiff's Grafana dashboard from a real run (tests/integration/test_dashboard_prometheus.py).
 dataset_dir=/usr/share/datasets/fashion-mnist
+packages=()
 if [[ -z "${RAYDIFF_SKIP_DATASET:-}" ]] && ! ls "$dataset_dir"/train-images-idx3-ubyte* >/dev/null 2>&1; then
+  packages+=(dataset-fashion-mnist)
+fi
+if ! command -v prometheus >/dev/null; then
+  packages+=(prometheus)
+fi
+if [[ ${#packages[@]} -gt 0 ]]; then
   if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null; then
-    log "installing the Fashion-MNIST dataset (Debian package dataset-fashion-mnist)"
+    log "installing the Debian packages ${packages[*]}"
     apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >&2
-  else
+    # Without recommends: the server alone, not the node exporter Debian recommends beside it.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" >&2
+  elif [[ " ${packages[*]} " == *" dataset-fashion-mnist "* ]]; then
     log "the embedded dataset is missing. Install it with:"
-    log "    sudo apt-get update && sudo apt-get install -y dataset-fashion-mnist"
+    log "    sudo apt-get update && sudo apt-get install -y ${packages[*]}"
     log "(or set RAYDIFF_SKIP_DATASET=1 to go on without it)"
     exit 1
+  else
+    # Only its test needs it: skipped without it, an error under CI (tests/conftest.py).
+    log "the prometheus binary is missing (its test will skip). Install it with:"
+    log "    sudo apt-get update && sudo apt-get install -y prometheus"
   fi
 fi
 echo "$py"

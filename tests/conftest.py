@@ -8,9 +8,10 @@ Select a tier with ``-m unit`` / ``-m learning`` / ``-m integration`` / ``-m slo
 skipped on a machine without CUDA.
 
 Under CI (the ``CI`` environment variable set, as ``.ci/run`` does), a tier must not pass
-without running: a skipped test of the slow tier, or one marked ``dataset`` in another tier, is
-an error (its skip reasons are "the dataset is not installed", which CI must fix, not hide), and
-a run whose every selected test skipped fails.
+without running: a skipped test of the slow tier, or one marked ``dataset`` or ``prometheus`` in
+another tier, is an error (its skip reasons are "the dataset is not installed" or "the prometheus
+binary is not installed", which CI must fix, not hide), and a run whose every selected test
+skipped fails.
 Locally skipping stays allowed.
 """
 
@@ -35,6 +36,8 @@ _OWN_TIERS = {"test_elastic.py": "elastic"}
 # before the shared local cluster starts, whose idle processes would otherwise take CPU from
 # their clusters for the whole of their run (minutes, on a 2-core machine).
 _OWN_CLUSTERS = ("test_faults.py", "test_job_submit.py")
+# Markers whose skips are errors under CI: what set-up installs (scripts/setup.sh) must be there.
+_REQUIRED_UNDER_CI = ("slow", "dataset", "prometheus")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -69,7 +72,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     if (
         report.skipped
         and not hasattr(report, "wasxfail")
-        and (item.get_closest_marker("slow") or item.get_closest_marker("dataset"))
+        and any(item.get_closest_marker(marker) for marker in _REQUIRED_UNDER_CI)
         and under_ci()
     ):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -77,7 +80,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
         report.outcome = "failed"
         report.longrepr = (
             f"skipped under CI ({reason}): the slow tier and the tests that need the dataset "
-            "must run in CI, so a skip there is an error (unset CI to allow it locally)"
+            "or the prometheus binary must run in CI, so a skip there is an error (unset CI to "
+            "allow it locally)"
         )
     return report
 

@@ -10,6 +10,10 @@ agent exports every few seconds, and a gauge keeps its last value after the run 
 Every figure is a gauge, the counts included: ``step`` and ``skipped_steps`` are the run's totals,
 restored from its checkpoint when it resumes, while a Ray counter is per worker process and would
 start again from zero in a restarted worker group.
+
+The run's failures and preemptions are counted where Ray Train sees them, in its controller:
+:class:`RunEventMetrics`, a ``ray.train.UserCallback`` that lives there for the whole ``fit()``,
+across every restart. raydiff's Grafana dashboard (``raydiff/dashboards/``) charts every gauge.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import ray.train
+from ray.exceptions import RayActorError
 from ray.util.metrics import Gauge
 
 from raydiff.core.timestep_sampler import ScheduleSampler, UniformSampler
@@ -40,6 +46,13 @@ WORKERS = (
 )
 """Set when a worker group starts: a resized elastic run starts a new group of the new size."""
 
+RUN_EVENTS: dict[str, str] = {
+    "failures": "Worker-group failures of the run (a raised error, a lost worker or node), each "
+    "one Ray Train restarted the group after or ended the run on; preemptions apart",
+    "preemptions": "Worker groups of the run stopped by a node preemption (a drained node)",
+}
+"""Counted in Ray Train's controller by :class:`RunEventMetrics`."""
+
 
 def gauges(task: TaskSpec) -> dict[str, Metric]:
     """The report keys of a run of ``task`` that become gauges, and their metrics: the loop's
@@ -51,7 +64,7 @@ def gauges(task: TaskSpec) -> dict[str, Metric]:
 def metric_names(task: TaskSpec) -> list[str]:
     """Every metric a run of ``task`` exports, as registered (Prometheus adds ``ray_`` in
     front)."""
-    names = [m.gauge for m in gauges(task).values()] + [*SAMPLER, WORKERS[0]]
+    names = [m.gauge for m in gauges(task).values()] + [*SAMPLER, WORKERS[0], *RUN_EVENTS]
     return [PREFIX + name for name in names]
 
 
@@ -94,6 +107,51 @@ class TrainingMetrics:
             values.update(sampler_summary(sampler.weights()))
         for key, value in values.items():
             self._gauges[key].set(float(value))
+
+
+class RunEventMetrics(ray.train.UserCallback):
+    """The run's failures and preemptions as gauges tagged ``run=run_name``, counted in Ray
+    Train's controller, where one instance lives for the whole ``fit()``.
+
+    ``after_exception`` is called with a worker group's errors each time the controller polls a
+    group that has some. A failure is decided on at its first poll (the group restarts or the
+    run ends), so each call is one failure. A preemption is one when a worker died with its node
+    preempted (what Ray Train itself tells a preemption by); the controller keeps polling the
+    stopping group while the preempted node drains, so the calls until the next group reports
+    are the same preemption. Both gauges are set at every report too, so a run without faults
+    shows zeros rather than nothing (two preemptions before a restarted group's first report
+    count once).
+    """
+
+    def __init__(self, run_name: str) -> None:
+        self.run_name = run_name
+        self.counts = dict.fromkeys(RUN_EVENTS, 0)
+        self._preempting = False
+        self._gauges: dict[str, Gauge] | None = None  # made in the controller, at first use
+
+    def after_report(self, run_context: Any, metrics: Any, checkpoint: Any) -> None:
+        self._preempting = False  # a group that reports has started after any preemption
+        self._publish()
+
+    def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
+        preempted = any(_preempted(error) for error in worker_exceptions.values())
+        if preempted and self._preempting:
+            return  # the stopping group polled again
+        self._preempting = preempted
+        self.counts["preemptions" if preempted else "failures"] += 1
+        self._publish()
+
+    def _publish(self) -> None:
+        if self._gauges is None:
+            tags = {RUN_TAG: self.run_name}
+            self._gauges = {name: _gauge(name, text, tags) for name, text in RUN_EVENTS.items()}
+        for name, count in self.counts.items():
+            self._gauges[name].set(float(count))
+
+
+def _preempted(error: Exception) -> bool:
+    """Whether a worker's error is its death with a preempted node (Ray Train's own test)."""
+    return isinstance(error, RayActorError) and error.preempted
 
 
 def _gauge(name: str, description: str, tags: dict[str, str]) -> Gauge:

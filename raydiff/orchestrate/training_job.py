@@ -178,10 +178,8 @@ def _train_on_ray(
     import ray
     import ray.train
 
-    from raydiff.orchestrate.repeated_failure import StopRepeatedFailure
-
     _start_session(config, address=address, show_data_progress=show_data_progress)
-    callbacks = [*(callbacks or []), StopRepeatedFailure()]
+    callbacks = _controller_callbacks(callbacks, run_name=out.name)
     evaluator = None
     if config.evaluation.every_checkpoint:
         from raydiff.orchestrate.checkpoint_eval import (
@@ -298,6 +296,16 @@ def num_val_images(config: ExperimentConfig, *, manifest: Manifest) -> int:
     """The validation images a run evaluates: the first ``train.eval_num_images`` of the val
     split, all of it when it holds fewer (said once, at the start, by the loop)."""
     return min(config.train.eval_num_images, manifest.splits[config.data.val_split].num_rows)
+
+
+def _controller_callbacks(callbacks: list[Any] | None, *, run_name: str) -> list[Any]:
+    """The caller's Ray Train callbacks, then raydiff's own: the run's failure and preemption
+    gauges, then the stop on a repeated failure (which raises, so it comes last: the failure it
+    ends the run on is counted too)."""
+    from raydiff.orchestrate.metrics import RunEventMetrics
+    from raydiff.orchestrate.repeated_failure import StopRepeatedFailure
+
+    return [*(callbacks or []), RunEventMetrics(run_name), StopRepeatedFailure()]
 
 
 def _torch_trainer(

@@ -43,6 +43,19 @@ def test_learns_on_the_dataset():
     pytest.skip("no Fashion-MNIST here")
 """
 
+PROMETHEUS = """
+import pytest
+
+pytestmark = pytest.mark.prometheus
+
+@pytest.fixture
+def server():
+    pytest.skip("no prometheus binary here")
+
+def test_reads_prometheus(server):
+    pass
+"""
+
 
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -53,9 +66,10 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "tests" / "unit" / "test_a.py").write_text(UNIT)
     (root / "tests" / "e2e" / "test_b.py").write_text(E2E)
     (root / "tests" / "unit" / "test_c.py").write_text(DATASET)
+    (root / "tests" / "unit" / "test_d.py").write_text(PROMETHEUS)
     (root / "pytest.ini").write_text(
         "[pytest]\naddopts = -p no:cacheprovider\n"
-        "markers =\n    unit\n    integration\n    slow\n    gpu\n    dataset\n"
+        "markers =\n    unit\n    integration\n    slow\n    gpu\n    dataset\n    prometheus\n"
     )
     return root
 
@@ -86,7 +100,7 @@ def test_under_ci_a_skip_in_the_e2e_tier_fails_and_says_why(layout: Path) -> Non
 
 
 def test_under_ci_other_tiers_may_skip_some_tests_but_not_all(layout: Path) -> None:
-    assert run(layout, "-m", "unit", "-k", "not dataset", ci="1").returncode == 0
+    assert run(layout, "-m", "unit", "-k", "not dataset and not prometheus", ci="1").returncode == 0
     done = run(layout, "-m", "unit", "-k", "skips", ci="1")
     assert done.returncode == 1, done.stdout
     assert "all 1 selected tests skipped" in done.stdout
@@ -99,9 +113,21 @@ def test_under_ci_a_skipped_test_that_needs_the_dataset_fails_in_any_tier(layout
     assert "skipped under CI (no Fashion-MNIST here)" in done.stdout
 
 
+def test_under_ci_a_test_that_needs_prometheus_fails_when_its_fixture_skips(layout: Path) -> None:
+    assert run(layout, "-m", "unit", "-k", "prometheus", ci=None).returncode == 0
+    done = run(layout, "-m", "unit", "-k", "prometheus", ci="1")
+    assert done.returncode == 1, done.stdout
+    assert "skipped under CI (no prometheus binary here)" in done.stdout
+
+
 def test_under_ci_the_rules_hold_with_the_unit_tiers_parallel_workers(layout: Path) -> None:
     """`make test` runs the unit tier with pytest-xdist: its controller sees every report."""
-    assert run(layout, "-m", "unit", "-k", "not dataset", "-n", "2", ci="1").returncode == 0
+    assert (
+        run(
+            layout, "-m", "unit", "-k", "not dataset and not prometheus", "-n", "2", ci="1"
+        ).returncode
+        == 0
+    )
     done = run(layout, "-m", "unit", "-k", "skips", "-n", "2", ci="1")
     assert done.returncode == 1 and "all 1 selected tests skipped" in done.stdout, done.stdout
     done = run(layout, "-m", "unit", "-k", "dataset", "-n", "2", ci="1")
