@@ -21,6 +21,7 @@ from tiny_model import tiny_classifier, tiny_model
 
 from raydiff.cli import main
 from raydiff.cli.exit_codes import EXIT_RUN_FAILED
+from raydiff.train.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -112,11 +113,12 @@ def test_a_family_stopped_mid_way_continues_and_is_judged(
 
     family = tiny_family(tmp_path, tiny_dataset)
     out = tmp_path / "family"
-    longer = ["--set", "upsampler.max_steps=150", "--set", "upsampler.save_interval=10"]
-    argv = ["family", str(family), "--output", str(out), *longer]
+    # The upsampler long enough to be stopped mid-way; continued for 10 more steps.
+    longer = ["--set", "upsampler.max_steps=5000", "--set", "upsampler.save_interval=10"]
+    argv = ["family", str(family), "--output", str(out)]
     address = ray.get_runtime_context().gcs_address
     process = subprocess.Popen(
-        [sys.executable, "-m", "raydiff.cli", *argv, "--address", address],
+        [sys.executable, "-m", "raydiff.cli", *argv, *longer, "--address", address],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -131,7 +133,11 @@ def test_a_family_stopped_mid_way_continues_and_is_judged(
             seconds=300,
             what="finished short stages",
         )
-        assert not (out / "upsampler" / "checkpoint_000150").exists(), "the upsampler finished"
+        wait_for(
+            lambda: latest_checkpoint(out / "upsampler") is not None,
+            seconds=120,
+            what="upsampler checkpoint",
+        )
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=150)
         reader.join(timeout=10)
@@ -142,14 +148,27 @@ def test_a_family_stopped_mid_way_continues_and_is_judged(
     assert "stopped by SIGTERM; stopped the stages upsampler" in printed
     assert not (out / "sample").exists()
     before = checkpoint_times(out, SHORT)
-    assert main([*argv, "--address", address]) == 0
+    stopped_at = int(latest_checkpoint(out / "upsampler").name.split("_")[-1])
+    assert 10 <= stopped_at < 5000
+    again = [
+        "--set",
+        f"upsampler.max_steps={stopped_at + 10}",
+        "--set",
+        "upsampler.save_interval=10",
+    ]
+    assert main([*argv, *again, "--address", address]) == 0
     assert checkpoint_times(out, SHORT) == before  # not retrained
     assert "continuing from" in (out / "logs" / "upsampler.log").read_text()
     printed = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     assert list(report["models"]) == ["base", "classifier", "upsampler", "evaluator"]
     steps = {name: model["step"] for name, model in report["models"].items()}
-    assert steps == {"base": STEPS, "classifier": STEPS, "upsampler": 150, "evaluator": STEPS}
+    assert steps == {
+        "base": STEPS,
+        "classifier": STEPS,
+        "upsampler": stopped_at + 10,
+        "evaluator": STEPS,
+    }
     rows = {row["name"]: row for row in report["samples"]}
     assert list(rows) == ["family", "unguided", "base_alone"]
     for row in rows.values():
