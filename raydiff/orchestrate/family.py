@@ -100,6 +100,7 @@ def run_family(how: FamilyLoad, *, output: str, address: str | None) -> Path:
 
     out = _output_folder(output)
     family = how.load()  # every check that needs no data, before anything is written
+    (out / "logs").mkdir(parents=True, exist_ok=True)
     _prepare_datasets(family)
     family = how.load()  # the checks that need the data (classes, channels)
     # A local instance holds every training's workers at once (ensure_ray adds Ray Data's).
@@ -146,9 +147,7 @@ def _output_folder(output: str) -> Path:
             f"--output {output}: a family's folder is local (its stages' logs and report are "
             "written there); its stages may still train on a cluster"
         )
-    out = Path(output).resolve()
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    return out
+    return Path(output).resolve()
 
 
 def _prepare_datasets(family: Family) -> None:

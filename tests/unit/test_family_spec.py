@@ -223,3 +223,12 @@ def test_the_tracking_block_is_every_stage_s(tmp_path: Path) -> None:
     family = load_family(str(file), overrides=["tracking.wandb_project=fam"])
     assert {s.config.tracking.wandb_project for s in family.stages.values()} == {"fam"}
     assert all(s.overrides[0] == "tracking.backend=tensorboard" for s in family.stages.values())
+
+
+def test_a_refused_family_leaves_no_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from raydiff.cli import main
+
+    file = family_file(tmp_path, upsampler={"set": {"small_size": 4}})
+    assert main(["family", str(file), "--output", str(tmp_path / "out")]) == 1
+    assert "stage upsampler: super_res.small_size=4 is invalid" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
