@@ -41,7 +41,13 @@ from raydiff.config.presets import (
 )
 from raydiff.config.scaling import ScalingConfig
 from raydiff.config.super_res import SuperResConfig
-from raydiff.config.train import Precision, ScheduleSamplerName, TrainConfig
+from raydiff.config.train import (
+    CompileMode,
+    Precision,
+    ScheduleSamplerName,
+    TrainConfig,
+    compile_wanted,
+)
 from raydiff.data.config import DataConfig
 
 __all__ = [
@@ -52,6 +58,7 @@ __all__ = [
     "PRESETS_DIR",
     "SWEEP_PREFIX",
     "UNET_ARGUMENT_FIELDS",
+    "CompileMode",
     "DataConfig",
     "DiffusionConfig",
     "EvaluationConfig",
@@ -66,6 +73,7 @@ __all__ = [
     "TrainConfig",
     "apply_overrides",
     "coerce",
+    "compile_wanted",
     "config_from_flags",
     "derive_sections",
     "field_type",
