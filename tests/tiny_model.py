@@ -62,10 +62,14 @@ class TinyFeatures(torch.nn.Module):
 TINY_STEP_BATCH = 8
 
 
-def tiny_rank_optimizer(*, compiled: bool, precision: str = "fp32", device: str = "cpu") -> Any:
+def tiny_rank_optimizer(
+    *, compiled: bool, precision: str = "fp32", device: str = "cpu", ddp: bool = False
+) -> Any:
     """A ``RankOptimizer`` of the tiny 8x8 UNet with what a compiled step must keep working: two
     microbatches, gradient clipping (0.05: it acts on every step) and the loss-aware sampler (4
-    timesteps, 2 losses of history each: importance weights from the second step on)."""
+    timesteps, 2 losses of history each: importance weights from the second step on).
+    ``ddp``: the step calls the model wrapped in DDP (a process group must be up), as on
+    several workers."""
     from raydiff.config import (
         DiffusionConfig,
         ExperimentConfig,
@@ -88,8 +92,10 @@ def tiny_rank_optimizer(*, compiled: bool, precision: str = "fp32", device: str 
     task = DiffusionTask(
         model=model, diffusion=diffusion, eval_timesteps=stratified_timesteps(4, 2, seed=0)
     )
+    wrapped = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
     return RankOptimizer(
-        model=model,
+        model=wrapped,
+        raw_model=model,
         losses=task.losses,
         sampler=LossSecondMomentResampler(diffusion, history_per_term=2, seed=0),
         optim=OptimConfig(lr=1e-3, grad_clip=0.05),

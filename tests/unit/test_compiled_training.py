@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from tiny_model import tiny_batches, tiny_model, tiny_rank_optimizer
 from torch.compiler import CacheInfo
 
@@ -111,6 +112,29 @@ def test_a_compiled_step_trains_as_the_eager_step_and_compiles_once(
         eager.raw_model.named_parameters(), compiled.raw_model.parameters(), strict=True
     ):
         torch.testing.assert_close(p_compiled, p_eager, msg=name)
+    assert compiled.eval_weights().keys() == compiled.raw_model.state_dict().keys()
+
+
+def test_a_compiled_ddp_module_trains_as_the_eager_one_without_recompiling(
+    counting: CountingBackend,
+) -> None:
+    """On several workers the step calls the DDP wrapper compiled (DDP first: dynamo's
+    DDPOptimizer splits the graph at the gradient buckets), through DDP's no_sync for the first
+    microbatch. A one-rank gloo group: DDP's code path, without a second process."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        eager = tiny_rank_optimizer(compiled=False, ddp=True)
+        compiled = tiny_rank_optimizer(compiled=True, ddp=True)
+        assert hasattr(compiled.model, "no_sync")  # the compiled wrapper passes DDP's on
+        graphs_after = []
+        for batch in tiny_batches(3):
+            want, got = eager.optimize(batch), compiled.optimize(batch)
+            graphs_after.append(counting.graphs)
+            torch.testing.assert_close(got.losses, want.losses)
+            torch.testing.assert_close(got.grad_norm, want.grad_norm)
+    finally:
+        dist.destroy_process_group()
+    assert graphs_after[0] > 0 and graphs_after == graphs_after[:1] * 3, graphs_after
     assert compiled.eval_weights().keys() == compiled.raw_model.state_dict().keys()
 
 
