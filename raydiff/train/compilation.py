@@ -58,7 +58,7 @@ class CompileCache:
     def __init__(self, run_dir: StoragePath, *, is_main: bool) -> None:
         self.folder = run_dir / CACHE_FOLDER
         self.is_main = is_main
-        self.loaded: bytes | None = None
+        self.held: dict[str, list[str]] = {}  # the artefacts' keys in the run folder, by kind
 
     @property
     def artifacts(self) -> StoragePath:
@@ -88,9 +88,9 @@ class CompileCache:
         returns how many of each kind were loaded (empty: none saved yet)."""
         if not self.artifacts.is_file():
             return {}
-        self.loaded = self.artifacts.read_bytes()
-        info = torch.compiler.load_cache_artifacts(self.loaded)
-        counts = {kind: len(keys) for kind, keys in (info.artifacts if info else {}).items()}
+        info = torch.compiler.load_cache_artifacts(self.artifacts.read_bytes())
+        self.held = artifact_keys(info)
+        counts = {kind: len(keys) for kind, keys in self.held.items()}
         logger.info(
             "loaded the run's compiled artefacts (%s) from %s",
             ", ".join(f"{kind}: {n}" for kind, n in counts.items()) or "none",
@@ -104,12 +104,13 @@ class CompileCache:
         if not self.is_main:
             return False
         saved = torch.compiler.save_cache_artifacts()
-        if saved is None or saved[0] == self.loaded:
+        # A warm start saves what it loaded again (in other bytes): nothing to write then.
+        if saved is None or artifact_keys(saved[1]) == self.held:
             return False
         data, info = saved
         self.folder.mkdir(parents=True, exist_ok=True)
         write_bytes_atomically(self.artifacts, data)
-        self.loaded = data
+        self.held = artifact_keys(info)
         logger.info(
             "saved the compiled artefacts (%s, %.1f MB) to %s",
             ", ".join(f"{kind}: {len(keys)}" for kind, keys in info.artifacts.items()),
@@ -117,3 +118,8 @@ class CompileCache:
             self.artifacts,
         )
         return True
+
+
+def artifact_keys(info: torch.compiler.CacheInfo | None) -> dict[str, list[str]]:
+    """The keys of the artefacts ``info`` names, by kind (sorted: comparable)."""
+    return {kind: sorted(keys) for kind, keys in (info.artifacts if info else {}).items() if keys}

@@ -194,7 +194,8 @@ class TrainingLoop:
         restart or a resume loads it instead of compiling again."""
         assert self.compile_cache is not None
         logger.info(
-            "step %d, the first of this process, took %.1f s with compiling",
+            "step %d, this process's first, took %.1f s (compiling, or loading what the run "
+            "compiled before)",
             self.optimizer.step,
             seconds,
         )
