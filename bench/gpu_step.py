@@ -1,12 +1,23 @@
-"""Images/s of one CIFAR-10 hybrid training step on a CUDA GPU: raydiff in fp16 and bf16 against
-improved-diffusion's own ``--use_fp16`` step, in the same process.
+"""Images/s and peak memory of one training step on a CUDA GPU: raydiff eager, compiled, in CUDA
+graphs and channels-last, in fp16 and bf16, against improved-diffusion's own ``--use_fp16`` step,
+in the same process, for configs/cifar10_hybrid.yaml and configs/imagenet64_cond.yaml.
 
-The model and diffusion are configs/cifar10_hybrid.yaml's (52.5M parameters, 32x32x3, 4000 cosine
-steps, learned sigmas, dropout 0.3), with its batch of 128 on the one GPU.
+The models and diffusions are the presets' (cifar10_hybrid: 52.5M parameters, 32x32x3, 4000
+cosine steps, learned sigmas, dropout 0.3, its batch of 128 on the one GPU; imagenet64_cond: the
+class-conditional 64x64 model with attention at 32, 16 and 8, 64 images per GPU by default, its
+2048 being a multi-GPU batch).
 
 * raydiff-fp16 / raydiff-bf16: raydiff's training step (``RankOptimizer.optimize`` as
   ``raydiff.train.build.build_rank_optimizer`` assembles it for one process): autocast with fp32 weights,
   ``torch.amp.GradScaler`` for fp16, fused AdamW, the EMA update.
+* raydiff-fp16-compile / raydiff-bf16-compile: the same with ``train.compile=true`` (the model
+  compiled by inductor, ``dynamic=False``).
+* raydiff-bf16-cudagraphs: compiled with ``mode="reduce-overhead"`` (CUDA graphs: one launch
+  for the step's many small kernels), ``torch.compiler.cudagraph_mark_step_begin()`` before each
+  step. Not a config option: kept only if it measures faster.
+* raydiff-bf16-channels-last / raydiff-bf16-compile-channels-last: the model and the images in
+  ``torch.channels_last``, eager and compiled (PyTorch's eager group norm has no channels-last
+  CUDA kernel; inductor writes its own). Not a config option either.
 * ref-fp16: improved-diffusion's ``TrainLoop.run_step`` with ``use_fp16=True``, as
   improved-diffusion's ``image_train.py --use_fp16 True`` runs it on one GPU: the model converted to fp16, fp32
   master parameters, its own loss scaling, AdamW and the EMA update, the model wrapped in DDP over
@@ -19,12 +30,17 @@ steps, learned sigmas, dropout 0.3), with its batch of 128 on the one GPU.
 
 Modes run round-robin, one step each per round, so drifts of the machine hit them alike; each step
 is timed between two ``torch.cuda.synchronize()`` calls, and the median after the warm-up counts.
-The batch is the same random images for every mode (a step's cost does not depend on pixels).
+The first step of each mode is reported apart (for a compiled mode: the compile; cold unless
+``--cache-dir`` names inductor's cache folder of an earlier run, which measures a restart's warm
+first step). Peak memory per image: the most the caching allocator held during a timed step
+above what it held before it (activations, gradients, optimiser temporaries), divided by the
+batch. The batch is the same random images (and labels) for every mode.
 
 Usage (on a machine with a CUDA GPU; without one it says so and exits with status 2)::
 
     python bench/gpu_step.py --reference-root .reference     # or: make bench-gpu
     python bench/gpu_step.py --no-reference                  # raydiff's modes only
+    python bench/gpu_step.py --presets cifar10_hybrid --modes raydiff-bf16,raydiff-bf16-compile
 """
 
 from __future__ import annotations
@@ -32,7 +48,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +66,18 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere: raydiff from thi
 
 from raydiff.config import ExperimentConfig, apply_overrides, load_config  # noqa: E402
 
-PRESET = "cifar10_hybrid"
+PRESETS = ("cifar10_hybrid", "imagenet64_cond")
+DEFAULT_BATCH = {"cifar10_hybrid": 128, "imagenet64_cond": 64}
+RAYDIFF_MODES = (
+    "raydiff-fp16",
+    "raydiff-bf16",
+    "raydiff-fp16-compile",
+    "raydiff-bf16-compile",
+    "raydiff-bf16-cudagraphs",
+    "raydiff-bf16-channels-last",
+    "raydiff-bf16-compile-channels-last",
+)
+MODES = (*RAYDIFF_MODES, "ref-fp16")
 
 
 def require_cuda() -> torch.device:
@@ -63,36 +92,74 @@ def require_cuda() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def preset(batch: int, precision: str) -> ExperimentConfig:
-    """The CIFAR-10 hybrid preset, trained by one process at ``precision``."""
+def mode_config(preset: str, mode: str, *, batch: int) -> ExperimentConfig:
+    """``preset`` trained by one process as ``mode`` says (its precision; ``-compile``:
+    ``train.compile=true``; the CUDA-graph and channels-last variants are set up by
+    :func:`raydiff_step`)."""
+    precision = "bf16" if "-bf16" in mode else "fp16"
+    compiled = mode.endswith("-compile") or "-compile-" in mode
     return apply_overrides(
-        load_config(PRESET),
-        [f"train.batch_size={batch}", f"train.precision={precision}", "scaling.num_workers=1"],
+        load_config(preset),
+        [
+            f"train.batch_size={batch}",
+            "train.microbatch=-1",
+            f"train.precision={precision}",
+            f"train.compile={'true' if compiled else 'false'}",
+            "scaling.num_workers=1",
+            "scaling.use_gpu=true",
+        ],
     )
 
 
-def raydiff_step(config: ExperimentConfig, images: torch.Tensor, device: torch.device) -> Callable:
-    """raydiff's training step for ``config`` on ``device``."""
+def random_batch(config: ExperimentConfig, *, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images in [-1, 1] of the config's shape and class labels (pinned, on the CPU)."""
+    model = config.model
+    g = torch.Generator().manual_seed(0)
+    shape = (batch, model.in_channels, model.image_size, model.image_size)
+    images = torch.rand(shape, generator=g).mul_(2).sub_(1)
+    labels = torch.randint(0, max(model.num_classes, 1), (batch,), generator=g)
+    return images.pin_memory(), labels.pin_memory()
+
+
+def raydiff_step(
+    config: ExperimentConfig,
+    mode: str,
+    data: tuple[torch.Tensor, torch.Tensor],
+    device: torch.device,
+) -> Callable:
+    """raydiff's training step for ``config`` on ``device``, in ``mode``'s variant."""
     from raydiff.train.build import build_rank_optimizer
     from raydiff.train.data_position import DataPosition
     from raydiff.train.local import LocalRuntime
-    from raydiff.train.tasks.diffusion import diffusion_task
+    from raydiff.train.tasks import task_of_config
 
+    images, labels = data
     runtime = LocalRuntime(
         config,
         output_dir=Path(tempfile.mkdtemp(prefix="gpu_step-")),
         resume=None,
         images=images,
-        labels=None,
+        labels=labels if config.model.class_cond else None,
         device=device,
     )
-    _, trainer = build_rank_optimizer(config, runtime=runtime, make_task=diffusion_task)
+    _, trainer = build_rank_optimizer(config, runtime=runtime, make_task=task_of_config)
     trainer.raw_model.train()
     # One batch as the runtime hands it to the loop (on the device, flipped as configured),
     # reused for every step: a step's cost does not depend on the pixels.
     _, batch = next(
         runtime.train_batches(batch_size=config.train.batch_size, position=DataPosition())
     )
+    if mode.endswith("-channels-last"):
+        trainer.raw_model.to(memory_format=torch.channels_last)
+        batch["x"] = batch["x"].contiguous(memory_format=torch.channels_last)
+    if mode.endswith("-cudagraphs"):
+        trainer.model = torch.compile(trainer.raw_model, dynamic=False, mode="reduce-overhead")
+
+        def step() -> Any:
+            torch.compiler.cudagraph_mark_step_begin()
+            return trainer.optimize(batch)
+
+        return step
     return lambda: trainer.optimize(batch)
 
 
@@ -152,7 +219,7 @@ def _one_process_mpi() -> tuple[types.ModuleType, types.ModuleType]:
 
 
 def reference_step(
-    ref: types.SimpleNamespace, config: ExperimentConfig, images: torch.Tensor
+    ref: types.SimpleNamespace, config: ExperimentConfig, data: tuple[torch.Tensor, torch.Tensor]
 ) -> Callable:
     """improved-diffusion's ``--use_fp16`` training step for the preset's model and diffusion."""
     import torch.distributed as dist
@@ -169,6 +236,7 @@ def reference_step(
     torch.manual_seed(0)
     model, diffusion = ref.script_util.create_model_and_diffusion(**flags)
     model.to(ref.dist_util.dev())
+    images, labels = data
     loop = ref.train_util.TrainLoop(
         model=model,
         diffusion=diffusion,
@@ -185,73 +253,114 @@ def reference_step(
         weight_decay=config.optim.weight_decay,
         lr_anneal_steps=0,
     )
-    return lambda: loop.run_step(images, {})
+    cond = {"y": labels} if config.model.class_cond else {}
+    return lambda: loop.run_step(images, cond)
 
 
-def timed(step: Callable) -> float:
-    """Seconds of one step, from an idle GPU to an idle GPU."""
+def timed(step: Callable, *, batch: int) -> tuple[float, float]:
+    """Seconds of one step, from an idle GPU to an idle GPU, and the bytes per image the
+    allocator held at its peak above what it held before the step."""
     torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     step()
     torch.cuda.synchronize()
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    return seconds, (torch.cuda.max_memory_allocated() - before) / batch
 
 
-def build_modes(args: argparse.Namespace, device: torch.device) -> dict[str, Callable]:
-    torch.manual_seed(0)
-    images = torch.rand(args.batch, 3, 32, 32).mul_(2).sub_(1).pin_memory()
-    modes = {"raydiff-fp16": raydiff_step(preset(args.batch, "fp16"), images, device)}
-    if torch.cuda.is_bf16_supported():
-        modes["raydiff-bf16"] = raydiff_step(preset(args.batch, "bf16"), images, device)
-    else:
-        print("raydiff-bf16: skipped, this GPU has no bf16", flush=True)
-    if not args.no_reference:
+def build_modes(
+    args: argparse.Namespace, preset: str, device: torch.device
+) -> tuple[dict[str, Callable], int]:
+    """The steps of ``args.modes`` for ``preset`` (a bf16 mode skipped on a GPU without bf16),
+    and the batch."""
+    batch = args.batch or DEFAULT_BATCH[preset]
+    data = random_batch(load_config(preset), batch=batch)
+    modes: dict[str, Callable] = {}
+    for mode in args.modes:
+        if mode == "ref-fp16":
+            continue
+        if "-bf16" in mode and not torch.cuda.is_bf16_supported():
+            print(f"{mode}: skipped, this GPU has no bf16", flush=True)
+            continue
+        torch.manual_seed(0)
+        modes[mode] = raydiff_step(mode_config(preset, mode, batch=batch), mode, data, device)
+    if "ref-fp16" in args.modes and not args.no_reference:
         ref = import_improved_diffusion(args.reference_root)
-        modes["ref-fp16"] = reference_step(ref, preset(args.batch, "fp16"), images)
-    return modes
+        modes["ref-fp16"] = reference_step(ref, mode_config(preset, "ref-fp16", batch=batch), data)
+    return modes, batch
 
 
-def run(modes: dict[str, Callable], *, steps: int, warmup: int) -> dict[str, list[float]]:
-    """Round-robin: ``warmup`` untimed then ``steps`` timed steps of every mode."""
+def run(modes: dict[str, Callable], *, steps: int, warmup: int, batch: int) -> dict[str, Any]:
+    """Each mode's first step alone (a compiled mode compiles), then round-robin: ``warmup``
+    untimed and ``steps`` timed steps of every mode."""
+    first = {}
+    for mode, step in modes.items():
+        first[mode] = timed(step, batch=batch)[0]
+        print(f"{mode}: first step {first[mode]:.1f} s", flush=True)
     times: dict[str, list[float]] = {mode: [] for mode in modes}
+    memory: dict[str, list[float]] = {mode: [] for mode in modes}
     for round_ in range(warmup + steps):
         for mode, step in modes.items():
-            seconds = timed(step)
+            seconds, per_image = timed(step, batch=batch)
             if round_ >= warmup:
                 times[mode].append(seconds)
+                memory[mode].append(per_image)
         if round_ + 1 == warmup:
             print(f"warm-up done ({warmup} steps per mode)", flush=True)
-    return times
+    return {"first_step_s": first, "step_times_s": times, "peak_bytes_per_image": memory}
 
 
-def report(times: dict[str, list[float]], *, batch: int) -> dict[str, Any]:
+def report(measured: dict[str, Any], *, preset: str, batch: int) -> dict[str, Any]:
+    times = measured["step_times_s"]
     rows = {
-        mode: {"median_s": statistics.median(ts), "images_per_s": batch / statistics.median(ts)}
+        mode: {
+            "median_s": statistics.median(ts),
+            "images_per_s": batch / statistics.median(ts),
+            "peak_mib_per_image": max(measured["peak_bytes_per_image"][mode]) / 2**20,
+            "first_step_s": measured["first_step_s"][mode],
+        }
         for mode, ts in times.items()
     }
     ref = rows.get("ref-fp16", {}).get("images_per_s")
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
-    print(f"{PRESET}, batch {batch}, {len(next(iter(times.values())))} timed steps per mode")
-    print(f"{'mode':14s} {'ms/step':>9s} {'images/s':>9s} {'vs ref-fp16':>12s}")
+    print(f"{preset}, batch {batch}, {len(next(iter(times.values())))} timed steps per mode")
+    print(
+        f"{'mode':36s} {'ms/step':>9s} {'images/s':>9s} {'MiB/image':>10s} {'first s':>8s} "
+        f"{'vs ref-fp16':>12s}"
+    )
     for mode, row in rows.items():
         ratio = f"{row['images_per_s'] / ref:11.2f}x" if ref else f"{'-':>12s}"
-        print(f"{mode:14s} {1e3 * row['median_s']:9.1f} {row['images_per_s']:9.0f} {ratio}")
-    return {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "preset": PRESET,
-        "batch": batch,
-        "modes": rows,
-        "step_times_s": times,
-    }
+        print(
+            f"{mode:36s} {1e3 * row['median_s']:9.1f} {row['images_per_s']:9.0f} "
+            f"{row['peak_mib_per_image']:10.1f} {row['first_step_s']:8.1f} {ratio}"
+        )
+    return {"preset": preset, "batch": batch, "modes": rows, **measured}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="timed steps per mode")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per mode first")
-    parser.add_argument("--batch", type=int, default=128, help="images per step (the preset's)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        help="images per step (default: cifar10_hybrid's 128, 64 for imagenet64_cond)",
+    )
+    parser.add_argument(
+        "--presets",
+        type=lambda text: tuple(text.split(",")),
+        default=PRESETS,
+        help=f"comma-separated (default: {','.join(PRESETS)})",
+    )
+    parser.add_argument(
+        "--modes",
+        type=lambda text: tuple(text.split(",")),
+        default=MODES,
+        help=f"comma-separated, of: {', '.join(MODES)} (default: all)",
+    )
     parser.add_argument(
         "--reference-root",
         type=Path,
@@ -262,18 +371,64 @@ def main() -> None:
         "--no-reference", action="store_true", help="raydiff's modes only (no ref-fp16)"
     )
     parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="inductor's cache folder (default: a fresh one, so compiled modes compile cold; "
+        "the folder of an earlier run: its first steps are a restart's, warm)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=REPO / "bench/results/gpu_step.json", help="JSON output"
     )
-    args = parser.parse_args()
-    if args.steps < 1 or args.warmup < 0 or args.batch < 1:
-        parser.error("--steps and --batch must be >= 1, --warmup >= 0")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or args.batch < 0:
+        parser.error("--steps must be >= 1, --warmup and --batch >= 0")
+    for name, given, valid in (
+        ("--presets", args.presets, PRESETS),
+        ("--modes", args.modes, MODES),
+    ):
+        unknown = [value for value in given if value not in valid]
+        if unknown:
+            parser.error(f"{name}: {', '.join(unknown)} unknown; valid: {', '.join(valid)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     device = require_cuda()
-    results = report(
-        run(build_modes(args, device), steps=args.steps, warmup=args.warmup), batch=args.batch
-    )
+    cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="gpu_step-inductor-"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "driver": _driver_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "inductor_cache": str(cache),
+        "presets": [],
+    }
+    for preset in args.presets:
+        modes, batch = build_modes(args, preset, device)
+        measured = run(modes, steps=args.steps, warmup=args.warmup, batch=batch)
+        results["presets"].append(report(measured, preset=preset, batch=batch))
+        del modes
+        torch.cuda.empty_cache()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {args.out}")
+
+
+def _driver_version() -> str:
+    """The NVIDIA driver's version (nvidia-smi), or why it is unknown."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"unknown ({error})"
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 else "unknown"
 
 
 if __name__ == "__main__":

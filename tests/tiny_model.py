@@ -9,6 +9,8 @@ workers) after these. Importable from every test module: pytest puts ``tests/`` 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -55,3 +57,64 @@ class TinyFeatures(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x.float() / 255).mean(dim=(2, 3))
+
+
+TINY_STEP_BATCH = 8
+
+
+def tiny_rank_optimizer(
+    *, compiled: bool, precision: str = "fp32", device: str = "cpu", ddp: bool = False
+) -> Any:
+    """A ``RankOptimizer`` of the tiny 8x8 UNet with what a compiled step must keep working: two
+    microbatches, gradient clipping (0.05: it acts on every step) and the loss-aware sampler (4
+    timesteps, 2 losses of history each: importance weights from the second step on).
+    ``ddp``: the step calls the model wrapped in DDP (a process group must be up), as on
+    several workers."""
+    from raydiff.config import (
+        DiffusionConfig,
+        ExperimentConfig,
+        OptimConfig,
+        TrainConfig,
+        apply_overrides,
+    )
+    from raydiff.core import LossSecondMomentResampler
+    from raydiff.factory import create_gaussian_diffusion, create_model
+    from raydiff.train.rank_optimizer import RankOptimizer
+    from raydiff.train.tasks.diffusion import DiffusionTask
+    from raydiff.train.validation import stratified_timesteps
+
+    model_config = apply_overrides(ExperimentConfig(), tiny_model(image_size=8)).model
+    diffusion = create_gaussian_diffusion(
+        DiffusionConfig(diffusion_steps=4, noise_schedule="cosine")
+    )
+    torch.manual_seed(0)
+    model = create_model(model_config, learn_sigma=False).to(device)
+    task = DiffusionTask(
+        model=model, diffusion=diffusion, eval_timesteps=stratified_timesteps(4, 2, seed=0)
+    )
+    wrapped = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    return RankOptimizer(
+        model=wrapped,
+        raw_model=model,
+        losses=task.losses,
+        sampler=LossSecondMomentResampler(diffusion, history_per_term=2, seed=0),
+        optim=OptimConfig(lr=1e-3, grad_clip=0.05),
+        train=TrainConfig(
+            batch_size=TINY_STEP_BATCH, microbatch=TINY_STEP_BATCH // 2, precision=precision
+        ),
+        local_batch_size=TINY_STEP_BATCH,
+        device=torch.device(device),
+        compile_step=compiled,
+    )
+
+
+def tiny_batches(count: int) -> list[dict[str, torch.Tensor]]:
+    """``count`` batches of 8x8x1 images for :func:`tiny_rank_optimizer`."""
+    g = torch.Generator().manual_seed(1)
+    return [
+        {
+            "x": torch.rand(TINY_STEP_BATCH, 1, 8, 8, generator=g) * 2 - 1,
+            "index": torch.arange(TINY_STEP_BATCH),
+        }
+        for _ in range(count)
+    ]

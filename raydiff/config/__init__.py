@@ -43,7 +43,13 @@ from raydiff.config.presets import (
 from raydiff.config.scaling import ScalingConfig
 from raydiff.config.super_res import SuperResConfig
 from raydiff.config.tracking import TrackingConfig
-from raydiff.config.train import Precision, ScheduleSamplerName, TrainConfig
+from raydiff.config.train import (
+    CompileMode,
+    Precision,
+    ScheduleSamplerName,
+    TrainConfig,
+    compile_wanted,
+)
 from raydiff.data.config import DataConfig
 
 __all__ = [
@@ -54,6 +60,7 @@ __all__ = [
     "PRESETS_DIR",
     "SWEEP_PREFIX",
     "UNET_ARGUMENT_FIELDS",
+    "CompileMode",
     "DataConfig",
     "DiffusionConfig",
     "EvaluationConfig",
@@ -69,6 +76,7 @@ __all__ = [
     "TrainConfig",
     "apply_overrides",
     "coerce",
+    "compile_wanted",
     "config_from_flags",
     "derive_sections",
     "field_type",

@@ -89,6 +89,10 @@ def coerce(value: Any, hint: Any, *, section: str, name: str) -> Any:
             return None
         hint = next(arg for arg in get_args(hint) if arg is not type(None))
     if get_origin(hint) is Literal:
+        if isinstance(value, bool) and {"true", "false"} <= set(get_args(hint)):
+            value = "true" if value else "false"  # YAML's true/false for a choice of words
+        elif isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower()
         if value not in get_args(hint):
             raise fail(f"valid: {', '.join(map(str, get_args(hint)))}")
         return value

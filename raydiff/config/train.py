@@ -11,6 +11,15 @@ from raydiff.config.field_values import invalid
 Precision = Literal["fp32", "fp16", "bf16", "auto"]
 TaskName = Literal["diffusion", "classifier", "super_res"]
 ScheduleSamplerName = Literal["uniform", "loss-second-moment"]
+CompileMode = Literal["auto", "true", "false"]
+
+
+def compile_wanted(mode: CompileMode, *, cuda: bool) -> bool:
+    """Whether ``mode`` (``train.compile``, ``raydiff sample --compile``) compiles a model that
+    runs on a CUDA device (``cuda``) or on the CPU: ``auto`` compiles on CUDA only. On a 2-core
+    CPU the compile takes minutes, more than it saves in a run of the demo's length
+    (docs/performance.md)."""
+    return cuda if mode == "auto" else mode == "true"
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -63,6 +72,12 @@ class TrainConfig:
     """fp16: the dynamic loss scale to start from (halved on overflow, doubled every 2000 good steps)."""
     min_loss_scale: float = 1.0
     """fp16: stop when the dynamic loss scale falls below this."""
+    compile: CompileMode = "auto"
+    """torch.compile the model for the training step: true, false, or auto (on with CUDA,
+    scaling.use_gpu; off on CPUs, where the compile takes minutes: more than it saves in a short
+    run). Shapes are static (one compile per run); the compiled artefacts are kept in the run
+    folder's compile_cache/ for restarts and resumes. Checkpoints, EMA, validation and previews
+    use the uncompiled module."""
 
     def __post_init__(self) -> None:
         s = "train"
@@ -74,6 +89,7 @@ class TrainConfig:
             ("task", TaskName),
             ("precision", Precision),
             ("schedule_sampler", ScheduleSamplerName),
+            ("compile", CompileMode),
         ):
             if getattr(self, name) not in get_args(valid):
                 raise invalid(s, name, getattr(self, name), f"valid: {', '.join(get_args(valid))}")

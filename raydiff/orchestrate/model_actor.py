@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
-from raydiff.config import DiffusionConfig, ExperimentConfig
+from raydiff.config import CompileMode, DiffusionConfig, ExperimentConfig
 from raydiff.errors import RunInterruptedError
 from raydiff.orchestrate.driver_signals import StopSignal, sigterm_as_ctrl_c
 
@@ -51,6 +51,7 @@ class ModelActor:
         if config.model.use_fp16 and self.device.type == "cuda":
             model.convert_to_fp16()  # improved-diffusion's --use_fp16: half precision on GPU only
         self.model = model.eval().to(self.device)
+        self.compiled_model: torch.nn.Module | None = None  # built by the first compiled batch
         self.low_res_size = config.super_res.small_size if spec.low_res_input else None
         self.diffusion = create_gaussian_diffusion(diffusion_config)
         self.image_shape = (
@@ -75,7 +76,7 @@ class ModelActor:
         from raydiff.sample.low_res import model_input_of
 
         return indices.start, generate(
-            self.model,
+            self.sampling_model(options.compile),
             self.diffusion,
             indices=indices,
             image_shape=self.image_shape,
@@ -87,6 +88,18 @@ class ModelActor:
             cond_fn=self.cond_fn,
             low_res=None if low_res is None else model_input_of(low_res, indices),
         )
+
+    def sampling_model(self, mode: CompileMode) -> Any:
+        """The model the sampling loop calls: compiled once per actor where ``mode``
+        (``--compile``) asks for it on this actor's device, else the model as loaded."""
+        from raydiff.config import compile_wanted
+        from raydiff.sample.generate import compile_for_sampling
+
+        if not compile_wanted(mode, cuda=self.device.type == "cuda"):
+            return self.model
+        if self.compiled_model is None:
+            self.compiled_model = compile_for_sampling(self.model)
+        return self.compiled_model
 
     def bpd(
         self,

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from raydiff.config import DiffusionConfig, ExperimentConfig
+from raydiff.config import CompileMode, DiffusionConfig, ExperimentConfig
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.flags import flag
 
@@ -90,6 +90,12 @@ class SampleOptions(ModelSource):
         "--num-workers", default=1, help="Ray sampler actors (default: %(default)s)"
     )
     use_gpu: bool = flag("--use-gpu", default=False, help="one GPU per worker")
+    compile: CompileMode = flag(
+        "--compile",
+        default="auto",
+        help="torch.compile the model for the sampling loop: true, false, or auto (on a GPU); "
+        "the samples stay those of (seed, index) (default: %(default)s)",
+    )
     seed: int = flag(
         "--seed", default=0, help="sample i depends only on (seed, i) (default: %(default)s)"
     )
@@ -224,6 +230,7 @@ def cascade_stages(options: SampleOptions) -> tuple[SampleOptions, SampleOptions
         batch_size=options.batch_size,
         num_workers=options.num_workers,
         use_gpu=options.use_gpu,
+        compile=options.compile,
         seed=options.seed,
         low_res=base.out,
     )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from raydiff.config import ExperimentConfig
+from raydiff.config import ExperimentConfig, compile_wanted
 from raydiff.seeding import derive_seed
 from raydiff.train.checkpoint import load_model_weights
 from raydiff.train.rank_optimizer import RankOptimizer
@@ -43,6 +43,7 @@ def build_rank_optimizer(
         load_model_weights(model, config.train.init_checkpoint)
         logger.info("initialised the weights from %s", config.train.init_checkpoint)
     wrapped = runtime.wrap_model(model)
+    compiled = compile_wanted(config.train.compile, cuda=runtime.device.type == "cuda")
     diffusion = task.diffusion
     sampler = runtime.schedule_sampler(
         diffusion, seed=derive_seed(config.train.seed, "timesteps", runtime.rank), fresh=fresh
@@ -58,9 +59,10 @@ def build_rank_optimizer(
         device=runtime.device,
         rank=runtime.rank,
         world_size=runtime.world_size,
+        compile_step=compiled,
     )
     logger.info(
-        "%s: %.2fM parameters; diffusion: T=%d %s; %s; %d worker(s), %d images each, %s",
+        "%s: %.2fM parameters; diffusion: T=%d %s; %s; %d worker(s), %d images each, %s%s",
         config.train.task,
         sum(p.numel() for p in model.parameters()) / 1e6,
         config.diffusion.diffusion_steps,
@@ -69,6 +71,7 @@ def build_rank_optimizer(
         runtime.world_size,
         trainer.local_batch_size,
         trainer.precision.precision,
+        ", compiled" if compiled else "",
     )
     if trainer.posthoc_ema is not None:
         log_posthoc_ema_plan(config, num_parameters=sum(p.numel() for p in model.parameters()))

@@ -16,10 +16,13 @@ Files under ``output_dir`` (the main rank writes them, ``raydiff.train.run_files
     tensorboard/                     TensorBoard event files (scalars, sample grids, histograms)
     tracking.json                    the run's tracked runs (MLflow, W&B: raydiff.train.tracking)
     config.json                      the resolved config
+    compile_cache/                   with train.compile: the compiled artefacts, which a
+                                     restarted or resumed run loads (raydiff.train.compilation)
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -34,6 +37,7 @@ from raydiff.seeding import derive_seed
 from raydiff.storage import StoragePath
 from raydiff.train.build import build_rank_optimizer
 from raydiff.train.checkpoint import load_checkpoint
+from raydiff.train.compilation import CompileCache
 from raydiff.train.data_position import DataPosition
 from raydiff.train.failure import note_step
 from raydiff.train.metric_accumulator import MetricAccumulator
@@ -114,10 +118,11 @@ class TrainingLoop:
             return {"step": self.optimizer.step}
         self.at_step = self.optimizer.step + 1
         self.start()
-        while self.optimizer.step < self.train.max_steps:
-            self.at_step = self.optimizer.step + 1
-            epoch, result = self.train_step()
-            self.after_step(epoch, result)
+        with self.compile_cache_in_use():
+            while self.optimizer.step < self.train.max_steps:
+                self.at_step = self.optimizer.step + 1
+                epoch, result = self.train_step()
+                self.after_step(epoch, result)
         if self.files is not None:
             self.files.close()
         return self.last_report
@@ -172,6 +177,31 @@ class TrainingLoop:
                 asked,
             )
 
+    @contextlib.contextmanager
+    def compile_cache_in_use(self) -> Iterator[None]:
+        """With a compiled step: the run's compiled artefacts loaded before the first step, and
+        inductor's cache folder in the run folder while it trains (``CompileCache``)."""
+        self.compile_cache = None
+        if not self.optimizer.compiled:
+            yield
+            return
+        self.compile_cache = CompileCache(self.output_dir, is_main=self.runtime.is_main)
+        with self.compile_cache.inductor_folder():
+            self.compile_cache.load()
+            yield
+
+    def after_first_compiled_step(self, seconds: float) -> None:
+        """How long the compiling step took; the main rank saves what it compiled, so that a
+        restart or a resume loads it instead of compiling again."""
+        assert self.compile_cache is not None
+        logger.info(
+            "step %d, this process's first, took %.1f s (compiling, or loading what the run "
+            "compiled before)",
+            self.optimizer.step,
+            seconds,
+        )
+        self.compile_cache.save()
+
     # ------------------------------------------------------------------ one step
 
     def train_step(self) -> tuple[int, StepResult]:
@@ -180,8 +210,12 @@ class TrainingLoop:
         epoch, batch = next(self.batches)
         self.window.data_ready()
         self.position.advance(epoch)
+        first_compiled = self.optimizer.compiled and self.optimizer.step == self.start_step
+        began = time.perf_counter()
         result = self.optimizer.optimize(batch)
         self.window.end()
+        if first_compiled:
+            self.after_first_compiled_step(time.perf_counter() - began)
         self.metrics.add_step(result)
         if self.files is not None:
             # The objective this step optimised: importance-weighted, as the logged means.

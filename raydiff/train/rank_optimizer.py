@@ -18,6 +18,7 @@ import torch
 from raydiff.config import OptimConfig, TrainConfig
 from raydiff.core.timestep_sampler import LossSync, ScheduleSampler
 from raydiff.seeding import derive_seed
+from raydiff.train.compilation import compile_for_step
 from raydiff.train.ema import EMA
 from raydiff.train.optimizer import build_optimizer
 from raydiff.train.posthoc_ema import PowerFunctionEMA
@@ -57,6 +58,8 @@ class RankOptimizer:
     :param local_batch_size: this worker's share of the global batch.
     :param rank, world_size: this worker's place in the data-parallel group.
     :param loss_sync: gathers (t, loss) across workers for a loss-aware sampler.
+    :param compile_step: the step calls ``model`` compiled (``train.compile``); ``raw_model``,
+        which EMA, checkpoints and evaluation use, stays the uncompiled module.
 
     Every random draw of a step is seeded at the start of the step, so a run resumed at step k
     draws what the uninterrupted run drew at step k, and no generator state needs saving. The
@@ -82,9 +85,11 @@ class RankOptimizer:
         rank: int = 0,
         world_size: int = 1,
         loss_sync: LossSync | None = None,
+        compile_step: bool = False,
     ) -> None:
-        self.model = model
         self.raw_model = raw_model if raw_model is not None else model
+        self.compiled = compile_step
+        self.model = compile_for_step(model) if compile_step else model
         self.losses = losses
         self.sampler = sampler
         self.optim_config = optim

@@ -10,7 +10,13 @@ from PIL import Image
 from raydiff.config import DiffusionConfig
 from raydiff.core import SuperResModel, UNetModel
 from raydiff.factory import create_gaussian_diffusion
-from raydiff.sample.generate import generate, index_batches, sample_labels, to_uint8
+from raydiff.sample.generate import (
+    compile_for_sampling,
+    generate,
+    index_batches,
+    sample_labels,
+    to_uint8,
+)
 from raydiff.sample.outputs import npz_name, write_grid, write_npz, write_pngs
 
 pytestmark = pytest.mark.unit
@@ -125,3 +131,34 @@ def test_npz_pngs_and_grid_follow_improved_diffusions_layout(tmp_path):
     assert grid.shape == (2 + 2 * 10, 2 + 3 * 10, 3)  # 3 columns, 2 rows, 2 px padding
     with pytest.raises(ValueError, match="uint8"):
         write_npz(samples.astype(np.float32), tmp_path)
+
+
+def test_a_compiled_model_draws_the_eager_samples_and_compiles_once_per_batch_size():
+    """``--compile`` keeps sample i a function of (seed, i). The graphs are counted by a
+    ``torch.compile`` backend that runs them as traced (inductor's numerics on the CPU are
+    tests/e2e/test_compile.py's): batches of one size reuse one compile."""
+    graphs = []
+
+    def counting(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    model = tiny_model()
+    diffusion = create_gaussian_diffusion(
+        DiffusionConfig(diffusion_steps=100, timestep_respacing="5")
+    )
+    compiled = compile_for_sampling(model)
+
+    def run(net, indices):
+        return generate(net, diffusion, indices=indices, image_shape=(1, 8, 8), seed=3)
+
+    try:
+        with torch.compiler.set_stance("default", force_backend=counting):
+            first = run(compiled, range(0, 4))
+            after_first = len(graphs)
+            second = run(compiled, range(4, 8))
+            assert after_first > 0 and len(graphs) == after_first
+            np.testing.assert_array_equal(first, run(model, range(0, 4)))
+            np.testing.assert_array_equal(second, run(model, range(4, 8)))
+    finally:
+        torch.compiler.reset()

@@ -1,0 +1,125 @@
+"""``torch.compile`` for the training step, and the compiled artefacts kept with the run.
+
+The step calls a compiled module (``train.compile``); everything else (checkpoints, EMA, the
+weight fingerprints, validation, previews) uses the uncompiled one, whose parameters are the
+same tensors: state-dict keys stay those of the module (no ``_orig_mod.`` prefix) and EMA tracks
+the trained weights.
+
+Compiling a UNet takes minutes, and an elastic resize, a preemption or a resume restarts every
+worker process, so the artefacts live in the run folder (``compile_cache/``):
+
+- ``artifacts.bin``: PyTorch's portable cache ("mega-cache", ``torch.compiler.
+  save_cache_artifacts``): the FX graphs, AOTAutograd graphs and, on CUDA, the Triton kernels
+  compiled so far. The main rank writes it after this process's first compiled step; every rank
+  loads it before its first step (``torch.compiler.load_cache_artifacts``). A run folder on
+  object storage keeps it too.
+- ``inductor/``: inductor's own cache folder (``TORCHINDUCTOR_CACHE_DIR``) while the run trains,
+  for a run folder on this machine's disks. On a CPU the mega-cache does not hold the compiled
+  C++ kernels (torch 2.13: a restart that loaded it still spent most of a cold compile in the C++
+  compiler), and this folder does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+
+import torch
+
+from raydiff.storage import StoragePath, is_local, write_bytes_atomically
+
+logger = logging.getLogger(__name__)
+
+CACHE_FOLDER = "compile_cache"
+ARTIFACTS_FILE = "artifacts.bin"
+INDUCTOR_FOLDER = "inductor"
+INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def compile_for_step(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` (the module the step calls: the DDP wrapper on several workers) compiled for
+    the training step.
+
+    DDP is wrapped first and compiled after, as PyTorch's DDP notes ask: dynamo then splits the
+    graph at DDP's gradient buckets (its DDPOptimizer), so the all-reduce of a bucket overlaps
+    the rest of the backward pass. ``dynamic=False``: every shape is static (the per-worker
+    microbatch, the image size, the timesteps and labels of a microbatch are fixed for a run),
+    so a run compiles once and a new shape (an elastic resize's batch) compiles once more,
+    instead of a slower dynamic-shape graph for all.
+    """
+    return torch.compile(model, dynamic=False)
+
+
+class CompileCache:
+    """The compiled artefacts of the run in ``run_dir`` (module docstring)."""
+
+    def __init__(self, run_dir: StoragePath, *, is_main: bool) -> None:
+        self.folder = run_dir / CACHE_FOLDER
+        self.is_main = is_main
+        self.held: dict[str, list[str]] = {}  # the artefacts' keys in the run folder, by kind
+
+    @property
+    def artifacts(self) -> StoragePath:
+        return self.folder / ARTIFACTS_FILE
+
+    @contextlib.contextmanager
+    def inductor_folder(self) -> Iterator[None]:
+        """Inductor's cache folder in the run folder while the block runs (a local run folder
+        only: inductor needs an OS path); the previous setting back afterwards."""
+        if not is_local(self.folder):
+            yield
+            return
+        before = os.environ.get(INDUCTOR_CACHE_VARIABLE)
+        # Inductor reads the variable whenever it looks up its cache, so setting it before the
+        # first compiled step is enough.
+        os.environ[INDUCTOR_CACHE_VARIABLE] = str(self.folder / INDUCTOR_FOLDER)
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(INDUCTOR_CACHE_VARIABLE, None)
+            else:
+                os.environ[INDUCTOR_CACHE_VARIABLE] = before
+
+    def load(self) -> dict[str, int]:
+        """Load the run's portable artefacts (every rank, before the first compiled step);
+        returns how many of each kind were loaded (empty: none saved yet)."""
+        if not self.artifacts.is_file():
+            return {}
+        info = torch.compiler.load_cache_artifacts(self.artifacts.read_bytes())
+        self.held = artifact_keys(info)
+        counts = {kind: len(keys) for kind, keys in self.held.items()}
+        logger.info(
+            "loaded the run's compiled artefacts (%s) from %s",
+            ", ".join(f"{kind}: {n}" for kind, n in counts.items()) or "none",
+            self.artifacts,
+        )
+        return counts
+
+    def save(self) -> bool:
+        """Write what this process has compiled (the main rank, after its first compiled step);
+        False when there was nothing new to write."""
+        if not self.is_main:
+            return False
+        saved = torch.compiler.save_cache_artifacts()
+        # A warm start saves what it loaded again (in other bytes): nothing to write then.
+        if saved is None or artifact_keys(saved[1]) == self.held:
+            return False
+        data, info = saved
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomically(self.artifacts, data)
+        self.held = artifact_keys(info)
+        logger.info(
+            "saved the compiled artefacts (%s, %.1f MB) to %s",
+            ", ".join(f"{kind}: {len(keys)}" for kind, keys in info.artifacts.items()),
+            len(data) / 1e6,
+            self.artifacts,
+        )
+        return True
+
+
+def artifact_keys(info: torch.compiler.CacheInfo | None) -> dict[str, list[str]]:
+    """The keys of the artefacts ``info`` names, by kind (sorted: comparable)."""
+    return {kind: sorted(keys) for kind, keys in (info.artifacts if info else {}).items() if keys}
