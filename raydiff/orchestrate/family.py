@@ -364,7 +364,7 @@ def _start_next(stage: StageRun) -> None:
         stage.log_file = open(stage.log, "ab")  # noqa: SIM115 - open while the stage runs
     stage.log_file.write(f"$ raydiff {' '.join(argv[3:])}\n".encode())
     stage.log_file.flush()
-    logger.info("%s: started (log: %s)", stage.name, stage.log)
+    logger.info("%s: raydiff %s started (log: %s)", stage.name, argv[3], stage.log)
     # A session of its own: a Ctrl-C at the terminal reaches this process only, which passes
     # it on to each stage once (_stop_all).
     stage.process = subprocess.Popen(
