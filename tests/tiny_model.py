@@ -46,6 +46,30 @@ def tiny_classifier(*, image_size: int = 16, num_classes: int = 10) -> list[str]
     ]
 
 
+def tiny_unet(num_classes: int | None = None, *, network: type | None = None) -> torch.nn.Module:
+    """An 8x8x1 UNet (``network``: ``SuperResModel`` for an upsampler) in eval mode, with no
+    zero layers: a fresh UNet's zero-initialised layers (every residual branch's last conv, the
+    output conv) would make it predict 0 whatever x, t and y, so they get small weights."""
+    from raydiff.core import UNetModel
+
+    torch.manual_seed(0)
+    model = (network or UNetModel)(
+        image_size=8,
+        in_channels=1,
+        model_channels=32,
+        out_channels=1,
+        num_res_blocks=1,
+        attention_resolutions=(),
+        channel_mult=(1, 2),
+        num_classes=num_classes,
+    )
+    with torch.no_grad():
+        for param in model.parameters():
+            if not param.any():
+                param.normal_(std=0.05)
+    return model.eval()
+
+
 class TinyFeatures(torch.nn.Module):
     """A random conv feature extractor with Inception's interface (uint8 [B, 3, H, W]): what
     ``raydiff.evaluate.fid.load_inception`` is replaced by where no weights file is at hand."""

@@ -85,9 +85,10 @@ def sample_sets(family: Family, *, out: Path) -> list[SampleSet]:
 def write_family_report(family: Family, *, out: Path) -> Path:
     """Judge every row, then write the report; returns ``DIR/report.md``."""
     evaluator = str(latest_checkpoint(out / "evaluator"))
+    sets = sample_sets(family, out=out)
     rows = [
         {"name": s.name, "description": s.description, **judge(s, family, evaluator, out=out)}
-        for s in sample_sets(family, out=out)
+        for s in sets
     ]
     report = {
         "family": family.source,
@@ -99,7 +100,7 @@ def write_family_report(family: Family, *, out: Path) -> Path:
     write_bytes_atomically(out / "report.json", json.dumps(report, indent=2).encode())
     write_bytes_atomically(out / "report.md", report_markdown(report).encode())
     write_bytes_atomically(out / "report.csv", samples_csv(rows).encode())
-    write_report_grid(family, out=out, samples=sample_sets(family, out=out)[0].folder)
+    write_report_grid(family, out=out, samples=sets[0].folder)
     return out / "report.md"
 
 
@@ -146,10 +147,11 @@ def has_labels(folder: Path) -> bool:
 
 
 def enlarged(folder: Path, *, size: int, out: Path) -> Path:
-    """The samples of ``folder`` enlarged to ``size`` with PIL's bicubic filter (labels kept),
-    written as a samples npz into ``out``."""
+    """The samples of ``folder`` enlarged to ``size`` with PIL's bicubic filter, as ``raydiff
+    prepare`` enlarges a small source (labels kept), written as a samples npz into ``out``."""
     from PIL import Image
 
+    from raydiff.data.resize import resize_center_crop
     from raydiff.sample.outputs import write_npz
 
     with np.load(_npz(folder)) as archive:
@@ -159,8 +161,8 @@ def enlarged(folder: Path, *, size: int, out: Path) -> Path:
     big = np.stack(
         [
             np.asarray(
-                Image.fromarray(image[..., 0] if channels == 1 else image).resize(
-                    (size, size), Image.Resampling.BICUBIC
+                resize_center_crop(
+                    Image.fromarray(image[..., 0] if channels == 1 else image), image_size=size
                 )
             ).reshape(size, size, channels)
             for image in images

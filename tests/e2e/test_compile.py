@@ -22,10 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_model import tiny_model
+from tiny_model import tiny_model, tiny_unet
 
 from raydiff.config import DiffusionConfig
-from raydiff.core import UNetModel
 from raydiff.factory import create_gaussian_diffusion
 from raydiff.sample.generate import compile_for_sampling, generate
 from raydiff.train.checkpoint import load_checkpoint, read_metrics
@@ -117,21 +116,7 @@ def test_a_resumed_compiled_run_starts_warm_and_trains_as_an_eager_run(
 
 
 def test_an_inductor_compiled_sampler_draws_the_eager_samples() -> None:
-    torch.manual_seed(0)
-    model = UNetModel(
-        image_size=8,
-        in_channels=1,
-        model_channels=32,
-        out_channels=1,
-        num_res_blocks=1,
-        attention_resolutions=(),
-        channel_mult=(1, 2),
-    )
-    with torch.no_grad():  # a fresh UNet's zero layers would predict 0 whatever its input
-        for param in model.parameters():
-            if not param.any():
-                param.normal_(std=0.05)
-    model.eval()
+    model = tiny_unet()
     diffusion = create_gaussian_diffusion(
         DiffusionConfig(diffusion_steps=100, timestep_respacing="ddim5")
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_sample_generate import tiny_model  # tests/unit is on sys.path (pytest prepend mode)
+from tiny_model import tiny_unet
 
 from raydiff.config import DiffusionConfig, ExperimentConfig, apply_overrides
 from raydiff.errors import UserInputError
@@ -135,7 +135,7 @@ def test_guided_samples_move_towards_their_classes():
     """An unconditional model guided by a classifier: log p(y | x_0) of the samples rises with
     the scale (the model never sees y)."""
     _, classifier = tiny_classifier()
-    model = tiny_model()  # unconditional
+    model = tiny_unet()  # unconditional
     diffusion = create_gaussian_diffusion(
         DiffusionConfig(diffusion_steps=40, noise_schedule="cosine", timestep_respacing="10")
     )

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from tiny_model import tiny_unet
 
 from raydiff.config import DiffusionConfig
-from raydiff.core import SuperResModel, UNetModel
+from raydiff.core import SuperResModel
 from raydiff.factory import create_gaussian_diffusion
 from raydiff.sample.generate import (
     compile_for_sampling,
@@ -22,28 +23,6 @@ from raydiff.sample.outputs import npz_name, write_grid, write_npz, write_pngs
 pytestmark = pytest.mark.unit
 
 
-def tiny_model(num_classes: int | None = None, *, network: type = UNetModel) -> UNetModel:
-    """An 8x8x1 ``network`` (``SuperResModel`` for an upsampler) with no zero layers."""
-    torch.manual_seed(0)
-    model = network(
-        image_size=8,
-        in_channels=1,
-        model_channels=32,
-        out_channels=1,
-        num_res_blocks=1,
-        attention_resolutions=(),
-        channel_mult=(1, 2),
-        num_classes=num_classes,
-    )
-    # A fresh UNet's zero-initialised layers (every residual branch's last conv, the output
-    # conv) would make it predict 0 whatever x, t and y: give them small weights.
-    with torch.no_grad():
-        for param in model.parameters():
-            if not param.any():
-                param.normal_(std=0.05)
-    return model.eval()
-
-
 def test_index_batches_are_fixed_whatever_the_workers():
     assert index_batches(10, 4) == [range(0, 4), range(4, 8), range(8, 10)]
     with pytest.raises(ValueError, match="num_samples=0"):
@@ -52,7 +31,7 @@ def test_index_batches_are_fixed_whatever_the_workers():
 
 @pytest.mark.parametrize("respacing,use_ddim", [("10", False), ("ddim5", True)])
 def test_a_sample_depends_on_its_seed_and_index_not_on_its_batch(respacing, use_ddim):
-    model = tiny_model()
+    model = tiny_unet()
     diffusion = create_gaussian_diffusion(
         DiffusionConfig(diffusion_steps=100, timestep_respacing=respacing)
     )
@@ -87,7 +66,7 @@ def test_labels_come_from_the_seed_or_from_the_list_in_turn():
 
 
 def test_class_conditional_samples_follow_their_labels():
-    model = tiny_model(num_classes=3)
+    model = tiny_unet(num_classes=3)
     diffusion = create_gaussian_diffusion(DiffusionConfig(diffusion_steps=50))
     common = {"indices": range(2), "image_shape": (1, 8, 8), "seed": 0, "use_ddim": True}
     a = generate(model, diffusion, labels=np.array([0, 0]), **common)
@@ -99,7 +78,7 @@ def test_class_conditional_samples_follow_their_labels():
 def test_an_unconditional_upsampler_upsamples_labelled_images_without_their_labels():
     """Labels carried from a class-conditional base model's samples (arr_1) do not reach an
     unconditional upsampler; its low-resolution input does."""
-    model = tiny_model(network=SuperResModel)
+    model = tiny_unet(network=SuperResModel)
     diffusion = create_gaussian_diffusion(DiffusionConfig(diffusion_steps=50))
     common = {"indices": range(2), "image_shape": (1, 8, 8), "seed": 0, "use_ddim": True}
     low_res = torch.linspace(-1, 1, 2 * 16).reshape(2, 1, 4, 4)
@@ -143,7 +122,7 @@ def test_a_compiled_model_draws_the_eager_samples_and_compiles_once_per_batch_si
         graphs.append(graph)
         return graph.forward
 
-    model = tiny_model()
+    model = tiny_unet()
     diffusion = create_gaussian_diffusion(
         DiffusionConfig(diffusion_steps=100, timestep_respacing="5")
     )
