@@ -46,6 +46,7 @@ Usage (on a machine with a CUDA GPU; without one it says so and exits with statu
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -270,6 +271,40 @@ def timed(step: Callable, *, batch: int) -> tuple[float, float]:
     return seconds, (torch.cuda.max_memory_allocated() - before) / batch
 
 
+def noise_draws(config: ExperimentConfig, *, batch: int, device: torch.device) -> dict[str, float]:
+    """Median milliseconds of one step's q_sample noise for ``batch`` rows on ``device``: as
+    the step draws it (every row's keyed stream in one vectorised draw,
+    ``raydiff.core.keyed_noise``) and as a generator per row would (a seeding and a ``randn``
+    launch per row: raydiff's draw before the keyed streams)."""
+    from raydiff.core.keyed_noise import RowNoise
+    from raydiff.seeding import derive_seed
+
+    model = config.model
+    shape = (batch, model.in_channels, model.image_size, model.image_size)
+    generator = torch.Generator(device=device)
+
+    def keyed(step: int) -> torch.Tensor:
+        prefix = derive_seed(0, "noise", step, bits=64)
+        return RowNoise.for_rows(prefix, range(batch), device=device).draw(shape)
+
+    def per_row(step: int) -> torch.Tensor:
+        rows = [
+            torch.randn(
+                shape[1:],
+                generator=generator.manual_seed(derive_seed(0, "noise", step, row)),
+                device=device,
+            )
+            for row in range(batch)
+        ]
+        return torch.stack(rows)
+
+    medians = {}
+    for name, draw in (("keyed_ms", keyed), ("per_row_ms", per_row)):
+        seconds = [timed(functools.partial(draw, step), batch=batch)[0] for step in range(30)]
+        medians[name] = 1e3 * statistics.median(seconds[5:])
+    return medians
+
+
 def build_modes(
     args: argparse.Namespace, preset: str, device: torch.device
 ) -> tuple[dict[str, Callable], int]:
@@ -324,6 +359,8 @@ def report(measured: dict[str, Any], *, preset: str, batch: int) -> dict[str, An
         for mode, ts in times.items()
     }
     ref = rows.get("ref-fp16", {}).get("images_per_s")
+    noise = measured["noise_draw"]
+    fastest_ms = 1e3 * min(row["median_s"] for row in rows.values())
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     print(f"{preset}, batch {batch}, {len(next(iter(times.values())))} timed steps per mode")
     print(
@@ -336,6 +373,12 @@ def report(measured: dict[str, Any], *, preset: str, batch: int) -> dict[str, An
             f"{mode:36s} {1e3 * row['median_s']:9.1f} {row['images_per_s']:9.0f} "
             f"{row['peak_mib_per_image']:10.1f} {row['first_step_s']:8.1f} {ratio}"
         )
+    print(
+        f"the step's noise draw: {noise['keyed_ms']:.2f} ms keyed and vectorised "
+        f"({100 * noise['keyed_ms'] / fastest_ms:.1f}% of the fastest step), "
+        f"{noise['per_row_ms']:.2f} ms with a generator per row "
+        f"({100 * noise['per_row_ms'] / fastest_ms:.1f}%)"
+    )
     return {"preset": preset, "batch": batch, "modes": rows, **measured}
 
 
@@ -409,6 +452,7 @@ def main(argv: list[str] | None = None) -> None:
     for preset in args.presets:
         modes, batch = build_modes(args, preset, device)
         measured = run(modes, steps=args.steps, warmup=args.warmup, batch=batch)
+        measured["noise_draw"] = noise_draws(load_config(preset), batch=batch, device=device)
         results["presets"].append(report(measured, preset=preset, batch=batch))
         del modes
         torch.cuda.empty_cache()

@@ -9,7 +9,8 @@ Differences from the reference that do not change any number:
 - the float32 coefficient tables are built once per device instead of at every gather;
 - samplers accept an optional ``generator`` for reproducible noise without touching the global RNG
   (when it is ``None`` they draw exactly as the reference does, from the global torch RNG), or
-  one generator per batch row, so that a sample does not depend on the batch it is drawn in;
+  a :class:`~raydiff.core.keyed_noise.RowNoise` that draws each batch row from its own keyed
+  stream, so that a sample does not depend on the batch it is drawn in;
 - user errors raise ``ValueError`` naming the bad value.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raydiff.core.keyed_noise import RowNoise
 from raydiff.core.losses import discretized_gaussian_log_likelihood, mean_flat, normal_kl
 
 Model = Callable[..., torch.Tensor]
@@ -29,9 +31,9 @@ Model = Callable[..., torch.Tensor]
 CondFn = Callable[..., torch.Tensor]
 """``cond_fn(x_t, t, **model_kwargs)`` returns grad_x log p(y | x_t) (classifier guidance)."""
 DenoisedFn = Callable[[torch.Tensor], torch.Tensor]
-NoiseGenerator = torch.Generator | Sequence[torch.Generator]
-"""Where a sampler's noise comes from: one generator for the whole batch, or one per batch row
-(row b's noise then depends only on generator b, so a sample does not change with the batch it
+NoiseGenerator = torch.Generator | RowNoise
+"""Where a sampler's noise comes from: one generator for the whole batch, or a stream per batch
+row (row b's noise then depends only on its key, so a sample does not change with the batch it
 is computed in: what distributed sampling needs)."""
 
 
@@ -823,14 +825,7 @@ def _randn_like(x: torch.Tensor, generator: NoiseGenerator | None) -> torch.Tens
 
 
 def _randn(shape: tuple[int, ...], dtype: torch.dtype, generator: NoiseGenerator) -> torch.Tensor:
-    """Standard normal noise of ``shape`` from one generator, or row by row from one per row."""
+    """Standard normal noise of ``shape`` from one generator, or each row from its own stream."""
     if isinstance(generator, torch.Generator):
         return torch.randn(shape, generator=generator, device=generator.device, dtype=dtype)
-    generators = list(generator)
-    if len(generators) != shape[0]:
-        raise ValueError(
-            f"{len(generators)} generators for a batch of {shape[0]}: give one per batch row "
-            f"(or a single torch.Generator)"
-        )
-    rows = [torch.randn(shape[1:], generator=g, device=g.device, dtype=dtype) for g in generators]
-    return torch.stack([row.to(generators[0].device) for row in rows])
+    return generator.draw(shape, dtype)

@@ -2,7 +2,7 @@
 
 IDDPM eq. 5: ``L_vlb = L_0 + ... + L_{T-1} + L_T``; ``GaussianDiffusion.calc_bpd_loop`` walks all
 T steps and returns every term per image. Image ``i`` draws the noise of every ``q(x_t | x_0)``
-from its own generator, seeded ``derive_seed(seed, "bpd", i)``, so its terms are the same whatever
+from its own stream, keyed ``derive_seed(seed, "bpd", i)`` (:mod:`raydiff.core.keyed_noise`), so its terms are the same whatever
 batch or worker it lands in, and the terms of a split are the concatenation of any partition of
 it. The total is the mean over images of ``prior + sum_t vb_t`` (improved-diffusion's
 ``image_nll.py`` reports the same mean). No Ray here.
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
+from raydiff.core.keyed_noise import RowNoise
 from raydiff.seeding import derive_seed
 
 PER_TIMESTEP_TERMS = ("vb", "xstart_mse", "mse")
@@ -26,9 +27,9 @@ PER_TIMESTEP_TERMS = ("vb", "xstart_mse", "mse")
 PER_IMAGE_TERMS = ("total_bpd", "prior_bpd")
 
 
-def bpd_generators(seed: int, indices: Sequence[int]) -> list[torch.Generator]:
-    """One generator per image, seeded from (seed, image index) alone."""
-    return [torch.Generator().manual_seed(derive_seed(seed, "bpd", int(i))) for i in indices]
+def bpd_noise(seed: int, indices: Sequence[int], *, device: torch.device | str) -> RowNoise:
+    """The noise of every image at ``indices``: a stream each, keyed from (seed, index) alone."""
+    return RowNoise.for_rows(derive_seed(seed, "bpd", bits=64), list(indices), device=device)
 
 
 @torch.no_grad()
@@ -60,7 +61,7 @@ def image_bpd_terms(
         images.to(device),
         clip_denoised=clip_denoised,
         model_kwargs=kwargs,
-        generator=bpd_generators(seed, indices),
+        generator=bpd_noise(seed, indices, device=device),
     )
     return {k: v.detach().double().cpu().numpy() for k, v in terms.items()}
 

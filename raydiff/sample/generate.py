@@ -1,7 +1,8 @@
 """Generate samples whose pixels depend only on (seed, sample index). No Ray here.
 
-Sample ``i`` draws its starting noise and every step's noise from its own generator, seeded
-``derive_seed(seed, "sample", i)``, and its class label (for class-conditional models) from
+Sample ``i`` draws its starting noise and every step's noise from its own stream, keyed
+``derive_seed(seed, "sample", i)`` (:mod:`raydiff.core.keyed_noise`: the whole batch's noise in
+one draw on the model's device), and its class label (for class-conditional models) from
 ``derive_seed(seed, "label", i)``. The work is cut into fixed batches of indices
 (:func:`index_batches`): batch ``k`` holds samples ``[k * batch_size, (k + 1) * batch_size)``
 whoever computes it, so the same seed gives the same images on one worker or many (the same
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
+from raydiff.core.keyed_noise import RowNoise
 from raydiff.seeding import derive_seed
 
 
@@ -29,12 +31,9 @@ def index_batches(num_samples: int, batch_size: int) -> list[range]:
     return [range(s, min(s + batch_size, num_samples)) for s in range(0, num_samples, batch_size)]
 
 
-def sample_generators(seed: int, indices: Sequence[int], *, device: str = "cpu") -> list:
-    """One generator per sample, seeded from (seed, index) alone."""
-    return [
-        torch.Generator(device=device).manual_seed(derive_seed(seed, "sample", int(i)))
-        for i in indices
-    ]
+def sample_noise(seed: int, indices: Sequence[int], *, device: torch.device | str) -> RowNoise:
+    """The noise of every sample at ``indices``: a stream each, keyed from (seed, index) alone."""
+    return RowNoise.for_rows(derive_seed(seed, "sample", bits=64), list(indices), device=device)
 
 
 def sample_labels(
@@ -103,7 +102,7 @@ def generate(
         cond_fn=cond_fn,
         model_kwargs=kwargs,
         device=device,
-        generator=sample_generators(seed, indices),
+        generator=sample_noise(seed, indices, device=device),
         **extra,
     )
     return to_uint8(images)

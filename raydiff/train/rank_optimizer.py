@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from raydiff.config import OptimConfig, TrainConfig
+from raydiff.core.keyed_noise import RowNoise, row_keys
 from raydiff.core.timestep_sampler import LossSync, ScheduleSampler
 from raydiff.seeding import derive_seed
 from raydiff.train.compilation import compile_for_step
@@ -97,7 +98,6 @@ class RankOptimizer:
         self.device = device
         self.local_batch_size = local_batch_size
         self.rank, self.world_size = rank, world_size
-        self.noise_generator = torch.Generator(device=device)
         self.microbatch = train.microbatch if train.microbatch > 0 else local_batch_size
         if local_batch_size % self.microbatch:
             raise ValueError(
@@ -215,22 +215,12 @@ class RankOptimizer:
         rows = range(first, first + self.local_batch_size)
         t, weights = self.sampler.sample(self.local_batch_size * self.world_size, self.device)
         mine = slice(first, first + self.local_batch_size)
-        seed = self.train_config.seed
-        augment_seeds = torch.tensor(
-            [derive_seed(seed, "augment", self.step, row) for row in rows], dtype=torch.int64
-        )
-        noise = torch.stack(
-            [
-                torch.randn(
-                    x.shape[1:],
-                    generator=self.noise_generator.manual_seed(
-                        derive_seed(seed, "noise", self.step, row)
-                    ),
-                    device=self.device,
-                )
-                for row in rows
-            ]
-        )
+        seed, step = self.train_config.seed, self.step
+        # One vectorised draw for all the rows (raydiff.core.keyed_noise), not a generator each.
+        augment_seeds = row_keys(derive_seed(seed, "augment", step, bits=64), rows, device="cpu")
+        noise = RowNoise.for_rows(
+            derive_seed(seed, "noise", step, bits=64), rows, device=self.device
+        ).draw(tuple(x.shape))
         return t[mine], weights[mine], noise, augment_seeds
 
     def _apply_gradients(self) -> tuple[torch.Tensor, bool]:

@@ -272,24 +272,26 @@ def test_sampling_loops_are_deterministic_under_a_seed(loop):
 
 
 @pytest.mark.parametrize("loop", ["p_sample_loop", "ddim_sample_loop"])
-def test_one_generator_per_row_makes_a_sample_independent_of_its_batch(loop):
-    # Row b's noise comes from generator b only: sample i is the same whether it is computed
-    # alone or next to others (what sampling on several workers needs).
+def test_row_noise_makes_a_sample_independent_of_its_batch(loop):
+    # Row b's noise comes from its own keyed stream only: sample i is the same whether it is
+    # computed alone or next to others (what sampling on several workers needs).
+    from raydiff.core.keyed_noise import RowNoise
+
     d = make(steps=20, var=ModelVarType.LEARNED_RANGE)
     model = ToyModel(out_mult=2)
 
-    def gens(seeds):
-        return [torch.Generator().manual_seed(s) for s in seeds]
+    def noise(rows):
+        return RowNoise.for_rows(1234, rows, device="cpu")
 
     kwargs = {"eta": 1.0} if loop == "ddim_sample_loop" else {}
-    batch = getattr(d, loop)(model, (3, 3, 4, 4), generator=gens([10, 11, 12]), **kwargs)
-    for row, seed in enumerate([10, 11, 12]):
-        alone = getattr(d, loop)(model, (1, 3, 4, 4), generator=gens([seed]), **kwargs)
+    batch = getattr(d, loop)(model, (3, 3, 4, 4), generator=noise([10, 11, 12]), **kwargs)
+    for row, key in enumerate([10, 11, 12]):
+        alone = getattr(d, loop)(model, (1, 3, 4, 4), generator=noise([key]), **kwargs)
         torch.testing.assert_close(batch[row : row + 1], alone, rtol=0, atol=1e-6)
-    other = getattr(d, loop)(model, (2, 3, 4, 4), generator=gens([12, 99]), **kwargs)
+    other = getattr(d, loop)(model, (2, 3, 4, 4), generator=noise([12, 99]), **kwargs)
     torch.testing.assert_close(other[0:1], batch[2:3], rtol=0, atol=1e-6)
-    with pytest.raises(ValueError, match="2 generators for a batch of 3"):
-        getattr(d, loop)(model, (3, 3, 4, 4), generator=gens([1, 2]))
+    with pytest.raises(ValueError, match="a draw of 3 rows from noise of 2 rows"):
+        getattr(d, loop)(model, (3, 3, 4, 4), generator=noise([1, 2]))
 
 
 def test_p_sample_adds_no_noise_at_t0():

@@ -223,7 +223,7 @@ def test_evaluate_bpd_takes_an_upsampler_and_gives_its_bound_given_low_res(tiny_
     shrunk to ``small_size`` (the actors' ``image_bpd_terms(low_res_size=...)``), which another
     image's input changes."""
     from raydiff.config import to_dict
-    from raydiff.evaluate.bpd import bpd_generators, image_bpd_terms
+    from raydiff.evaluate.bpd import bpd_noise, image_bpd_terms
     from raydiff.evaluate.bpd_job import prepare_bpd
     from raydiff.evaluate.options import BpdOptions
     from raydiff.factory import create_gaussian_diffusion, create_model
@@ -266,7 +266,7 @@ def test_evaluate_bpd_takes_an_upsampler_and_gives_its_bound_given_low_res(tiny_
                 job.loaded.model,
                 x,
                 model_kwargs={"low_res": low_res},
-                generator=bpd_generators(0, range(2)),
+                generator=bpd_noise(0, range(2), device="cpu"),
             )
         return out["total_bpd"].double().numpy()
 
