@@ -13,6 +13,8 @@ Run them with ``make test-gpu`` (``pytest -m gpu``). They cover:
 * sampling on a GPU actor (``raydiff sample --use-gpu``, whose ``--compile auto`` compiles the
   model there), compared with the same samples drawn eagerly on the CPU, of a diffusion model
   and of an upsampler given low-resolution images (``--low-res``);
+* the keyed noise streams (``raydiff.core.keyed_noise``) on CUDA: the same integer stream as on
+  the CPU, bit for bit, and the same normals to the rounding of ``log``/``cos``/``sin``;
 * ``train.compile``: the run that ``scaling.use_gpu`` puts on the GPU compiles (``auto``) and
   saves its compiled artefacts in the run folder; the compiled step against the eager one in
   fp16 and bf16 (losses within rounding, no recompile after the first step). The other training
@@ -89,6 +91,19 @@ def train_one_process(cfg: ExperimentConfig, out: Path, device: torch.device) ->
     from raydiff.train.local import run_single_process
 
     return run_single_process(cfg, output_dir=out, device=device)
+
+
+def test_keyed_noise_on_cuda_is_the_cpus() -> None:
+    from raydiff.core.keyed_noise import RowNoise, row_keys, splitmix64
+
+    cpu_keys = row_keys(2**63 + 12345, range(300), device="cpu")
+    cuda_keys = row_keys(2**63 + 12345, range(300), device="cuda")
+    assert torch.equal(cuda_keys.cpu(), cpu_keys)
+    assert torch.equal(splitmix64(cuda_keys).cpu(), splitmix64(cpu_keys))
+    shape = (300, 3, 32, 32)
+    cpu, cuda = RowNoise(cpu_keys).draw(shape), RowNoise(cuda_keys).draw(shape)
+    assert cuda.device.type == "cuda"
+    torch.testing.assert_close(cuda.cpu(), cpu, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("task", TASKS)
