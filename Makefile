@@ -1,6 +1,6 @@
 # raydiff developer entry points. `make demo` and `make test` each set the machine up first
 # (virtualenv, pinned packages, dataset) through scripts/setup.sh.
-.PHONY: setup demo sweep test coverage test-unit test-learning test-integration test-slow test-elastic test-gpu lint format bench bench-data bench-overhead bench-startup bench-sweep bench-sampling bench-gpu bench-parity data constraints config-doc
+.PHONY: setup demo sweep test coverage test-unit test-learning test-integration test-slow test-elastic test-gpu lint format bench bench-data bench-overhead bench-startup bench-sweep bench-sampling bench-gpu gpu-check gpu-bundle bench-parity data constraints config-doc
 
 
 setup:
@@ -106,6 +106,14 @@ bench-sampling:
 # improved-diffusion's --use_fp16 step (needs the .reference/improved-diffusion checkout).
 bench-gpu:
 	@py="$$(RAYDIFF_SKIP_DATASET=1 scripts/setup.sh | tail -n 1)" && "$$py" bench/gpu_step.py $(ARGS)
+
+# Every GPU check in one command of under 10 minutes (docs/testing.md#on-a-gpu), with the
+# machine's own python3; gpu-bundle packs Ray and the rest for a GPU machine with no network.
+gpu-check:
+	@bash bench/gpu_check.sh
+
+gpu-bundle:
+	@scripts/gpu_bundle.sh
 
 # Training parity on the CPU: improved-diffusion's own TrainLoop and raydiff's loop train the same
 # small Fashion-MNIST UNet on the same batches, 3 seeds x 2000 steps each; loss curves and val
