@@ -9,7 +9,7 @@
 #      raydiff eager fp16/bf16, compiled bf16 (its first step compiles cold), CUDA graphs,
 #      channels-last (bench/gpu_step.py)
 #   2. DDIM-50 and 250-step ancestral sampling against improved-diffusion's loops
-#      (bench/sampling_gpu.py)
+#      (bench/sampling.py --gpu)
 #   3. the compiled step again in a new process on the same inductor cache: a restart's warm
 #      first step
 #   4. the gpu test tier (pytest -m gpu): compiled and eager losses on CUDA, Ray Train on a GPU,
@@ -65,8 +65,10 @@ part "training step, cifar10_hybrid" 200 "$py" bench/gpu_step.py "${step_args[@]
   --presets cifar10_hybrid --steps 10 --warmup 3 \
   --modes ref-fp16,raydiff-fp16,raydiff-bf16,raydiff-bf16-compile,raydiff-bf16-cudagraphs,raydiff-bf16-channels-last \
   --out "$out/gpu_step_cifar10.json"
-part "sampling against improved-diffusion" 120 "$py" bench/sampling_gpu.py \
-  --reference-root .reference --out "$out/sampling_gpu.json"
+part "sampling against improved-diffusion" 120 "$py" bench/sampling.py --gpu \
+  --reference-root .reference --cache-dir "$cache" --ddim-batches 2 --ancestral-batches 1 \
+  --modes ref-fp32,ref-fp16,raydiff-fp32,raydiff-bf16,raydiff-bf16-compile \
+  --out "$out/sampling_gpu.json"
 part "a restart's first compiled step (warm cache)" 60 "$py" bench/gpu_step.py \
   "${step_args[@]}" --no-reference --presets cifar10_hybrid --modes raydiff-bf16-compile \
   --steps 3 --warmup 1 --out "$out/gpu_step_warm.json"

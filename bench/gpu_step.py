@@ -219,6 +219,18 @@ def _one_process_mpi() -> tuple[types.ModuleType, types.ModuleType]:
     return mpi4py, mpi
 
 
+def reference_flags(ref: types.SimpleNamespace, config: ExperimentConfig) -> dict[str, Any]:
+    """improved-diffusion's ``create_model_and_diffusion`` arguments for ``config``'s model and
+    diffusion."""
+    flags = ref.script_util.model_and_diffusion_defaults()
+    for name in flags:  # raydiff's model and diffusion fields carry improved-diffusion's names
+        section = config.model if hasattr(config.model, name) else config.diffusion
+        if not hasattr(section, name):
+            raise SystemExit(f"improved-diffusion's flag {name} has no raydiff config field")
+        flags[name] = getattr(section, name)
+    return flags
+
+
 def reference_step(
     ref: types.SimpleNamespace, config: ExperimentConfig, data: tuple[torch.Tensor, torch.Tensor]
 ) -> Callable:
@@ -228,14 +240,8 @@ def reference_step(
     if not dist.is_initialized():  # TrainLoop wraps the model in DDP on CUDA: one rank of one
         dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     ref.logger.configure(dir=tempfile.mkdtemp(prefix="gpu_step-ref-"), format_strs=[])
-    flags = ref.script_util.model_and_diffusion_defaults()
-    for name in flags:  # raydiff's model and diffusion fields carry improved-diffusion's names
-        section = config.model if hasattr(config.model, name) else config.diffusion
-        if not hasattr(section, name):
-            raise SystemExit(f"improved-diffusion's flag {name} has no raydiff config field")
-        flags[name] = getattr(section, name)
     torch.manual_seed(0)
-    model, diffusion = ref.script_util.create_model_and_diffusion(**flags)
+    model, diffusion = ref.script_util.create_model_and_diffusion(**reference_flags(ref, config))
     model.to(ref.dist_util.dev())
     images, labels = data
     loop = ref.train_util.TrainLoop(

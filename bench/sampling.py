@@ -11,6 +11,10 @@ importing torch and building the model, a few seconds), so the default sample co
 case long against it. ``--checkpoint`` defaults to the newest
 checkpoint of ``runs/demo`` (``make demo``). Prints a table and writes
 ``bench/results/sampling.json``.
+
+``--gpu``: instead, DDIM-50 and 250-step ancestral samples/s on one CUDA GPU in one process,
+raydiff's sampler against improved-diffusion's sampling loops (bench/sampling_gpu.py, whose
+options follow ``--gpu``: ``bench/sampling.py --gpu --help``; ``make bench-sampling-gpu``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -30,8 +35,21 @@ CASES = {
 }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--gpu" in argv:
+        sys.path.insert(0, str(REPO / "bench"))
+        from sampling_gpu import main as gpu_main
+
+        gpu_main([arg for arg in argv if arg != "--gpu"])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="the one-process GPU benchmark against improved-diffusion instead "
+        "(bench/sampling_gpu.py; its options: --gpu --help)",
+    )
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument(
         "--cases", default=",".join(CASES), help="comma-separated: " + ",".join(CASES)
@@ -43,7 +61,7 @@ def main() -> None:
         help="samples per case, CASE=N,...",
     )
     parser.add_argument("--batch-size", type=int, default=4)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from raydiff.orchestrate.ray_session import start_local_ray

@@ -1,0 +1,109 @@
+"""bench/sampling.py --gpu's parts that run without a GPU: its options and modes, the clear exit
+(status 2) on a machine without CUDA, the models of the modes, and a whole small run of raydiff's
+modes on the CPU (``--device cpu``; improved-diffusion's are left out: its checkout is not part of
+the repository)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_model import tiny_model, tiny_unet
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load("sampling_gpu")
+
+
+def test_the_defaults_are_the_issues_loops_against_both_reference_modes(bench) -> None:
+    args = bench.parse_args([])
+    assert (args.batch_size, args.ddim_steps, args.ancestral_steps) == (256, 50, 250)
+    assert args.modes == bench.DEFAULT_MODES and set(args.modes) <= set(bench.MODES)
+    assert {"ref-fp32", "ref-fp16", "raydiff-fp32", "raydiff-fp32-compile"} <= set(args.modes)
+    assert args.out.name == "sampling_gpu.json"
+    assert bench.parse_args(["--device", "cpu"]).out.name == "sampling_gpu_cpu_check.json"
+    assert [bench.Case(use_ddim=d, steps=s).respacing for d, s in ((True, 50), (False, 250))] == [
+        "ddim50",
+        "250",
+    ]
+
+
+def test_unknown_modes_are_refused_by_name(bench, capsys) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--modes", "raydiff-fp32,raydiff-tf32"])
+    assert "raydiff-tf32 unknown" in capsys.readouterr().err
+
+
+def test_no_reference_drops_the_ref_modes_and_refuses_to_run_nothing(bench, capsys) -> None:
+    assert bench.parse_args(["--no-reference"]).modes == tuple(
+        m for m in bench.DEFAULT_MODES if not m.startswith("ref-")
+    )
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--no-reference", "--modes", "ref-fp16"])
+    assert "no mode left" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_without_cuda_sampling_py_gpu_says_so_and_exits_with_status_2(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        load("sampling").main(["--gpu", "--batch-size", "8"])
+    assert exit_.value.code == 2
+    assert "has none" in capsys.readouterr().err
+
+
+def test_each_mode_gets_its_model_and_the_fp32_one_is_left_as_it_is(bench) -> None:
+    model = tiny_unet(num_classes=3)
+    models = {"raydiff": model}
+    autocast = bench.mode_model(bench.MODES["raydiff-bf16"], models)
+    x, t, y = torch.randn(2, 1, 8, 8), torch.tensor([3, 7]), torch.tensor([0, 2])
+    out = autocast(x, t, y=y)
+    # generate() hands y to the model only when it has classes: the wrapper must keep them.
+    assert isinstance(autocast, bench.Autocast) and autocast.num_classes == 3
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, model(x, t, y=y), atol=0.05, rtol=0.05)
+    half = bench.mode_model(bench.MODES["raydiff-fp16-weights"], models)
+    assert half is not model and next(half.input_blocks.parameters()).dtype == torch.float16
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert bench.mode_model(bench.MODES["raydiff-fp32"], models) is model
+
+
+def test_a_small_run_of_raydiffs_modes_on_the_cpu_writes_every_case_and_mode(
+    bench, tmp_path, capsys
+) -> None:
+    out = tmp_path / "sampling.json"
+    sets = [arg for override in tiny_model(image_size=8) for arg in ("--set", override)]
+    bench.main(
+        [
+            *("--device", "cpu", "--no-reference", "--modes", "raydiff-fp32,raydiff-bf16"),
+            *("--batch-size", "2", "--ddim-steps", "2", "--ancestral-steps", "4"),
+            *("--ddim-batches", "2", "--out", str(out), *sets),
+        ]
+    )
+    result = json.loads(out.read_text())
+    rows = {(r["case"], r["mode"]): r for r in result["rows"]}
+    assert set(rows) == {
+        (case, mode)
+        for case in ("ddim-2", "ancestral-4")
+        for mode in ("raydiff-fp32", "raydiff-bf16")
+    }
+    assert all(r["samples_per_s"] > 0 and r["vs_ref-fp16"] is None for r in rows.values())
+    assert len(result["batch_times_s"]["raydiff-fp32"]["ddim-2"]) == 2
+    assert rows["ddim-2", "raydiff-fp32"]["first_batch_s"] is not None
+    assert rows["ancestral-4", "raydiff-fp32"]["first_batch_s"] is None
+    assert result["fp32_max_abs_difference"] is None  # no reference model to compare with
+    assert "ancestral-4     raydiff-bf16" in capsys.readouterr().out
