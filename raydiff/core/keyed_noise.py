@@ -74,9 +74,9 @@ def keyed_normal(
     # float32 holds 24 bits exactly; the deepest tail is sqrt(-2 ln 2^-25) = 5.9 sigma.
     u1 = (_shift_right(z, 40).to(torch.float32) + 0.5) * 2.0**-24
     u2 = ((z >> 16) & 0xFFFFFF).to(torch.float32) * 2.0**-24
+    # Box-Muller: r cos(theta) and r sin(theta), interleaved, as one complex number each.
     radius = torch.sqrt(-2.0 * torch.log(u1))
-    angle = (2.0 * math.pi) * u2
-    normals = torch.stack((radius * torch.cos(angle), radius * torch.sin(angle)), dim=-1)
+    normals = torch.view_as_real(torch.polar(radius, (2.0 * math.pi) * u2))
     return normals.reshape(len(keys), 2 * pairs)[:, :numel].to(dtype)
 
 
