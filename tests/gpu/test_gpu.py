@@ -16,7 +16,8 @@ Run them with ``make test-gpu`` (``pytest -m gpu``). They cover:
   diffusion model and of an upsampler given low-resolution images (``--low-res``);
 * ``train.compile``: the run that ``scaling.use_gpu`` puts on the GPU compiles (``auto``) and
   saves its compiled artefacts in the run folder; the compiled step against the eager one in
-  fp16 and bf16 (losses within rounding, no recompile after the first step). The other training
+  fp16 and bf16 (losses within rounding, no recompile after the first step); a compiled run's
+  previews (compiled, autocast in ``train.precision=auto``) at every step. The other training
   tests set ``train.compile=false``: each compile takes a while.
 
 Everything is the tiny 16x16x1 model of the other tiers: seconds per test once CUDA is up.
@@ -127,6 +128,29 @@ def test_single_process_trains_on_the_gpu_with_use_gpu(dataset: Path, tmp_path: 
     assert torch.cuda.memory_stats().get("allocation.all.allocated", 0) > before
     # train.compile=auto compiles on CUDA, and the run keeps what it compiled for a restart.
     assert (tmp_path / "run" / "compile_cache" / "artifacts.bin").stat().st_size > 0
+
+
+def test_a_compiled_run_previews_on_cuda_in_its_precision(dataset: Path, tmp_path: Path) -> None:
+    """A compiled run's previews call the compiled view of the raw model under autocast in the
+    run's precision (auto: bf16, or fp16 on a GPU without it) at every step."""
+    from PIL import Image
+
+    from raydiff.train.local import run_single_process
+
+    cfg = config(
+        dataset,
+        "scaling.use_gpu=true",
+        "train.precision=auto",
+        "train.compile=true",
+        "train.sample_interval=1",
+        "train.sample_count=4",
+        "train.sample_steps=5",
+    )
+    result = run_single_process(cfg, output_dir=tmp_path / "run")
+    assert result["step"] == 2 and math.isfinite(result["loss"])
+    for step in (1, 2):
+        grid = np.asarray(Image.open(tmp_path / "run" / "samples" / f"samples_{step:06d}.png"))
+        assert grid.std() > 0  # images, not a blank or a NaN grid
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
