@@ -76,8 +76,9 @@ class TrainConfig:
     """torch.compile the model for the training step: true, false, or auto (on with CUDA,
     scaling.use_gpu; off on CPUs, where the compile takes minutes: more than it saves in a short
     run). Shapes are static (one compile per run); the compiled artefacts are kept in the run
-    folder's compile_cache/ for restarts and resumes. Checkpoints, EMA, validation and previews
-    use the uncompiled module."""
+    folder's compile_cache/ for restarts and resumes. Checkpoints and EMA use the uncompiled
+    module; validation and previews a compiled view of it (previews autocast in precision,
+    validation stays fp32)."""
 
     def __post_init__(self) -> None:
         s = "train"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +88,22 @@ class ModelActor:
             labels=labels[indices.start : indices.stop] if labels is not None else None,
             cond_fn=self.cond_fn,
             low_res=None if low_res is None else model_input_of(low_res, indices),
+            precision=options.precision,
         )
+
+    def sampling_precision(self, precision: str) -> str:
+        """What ``precision`` (``--precision``) resolves to on this actor's device (fp16 on a
+        CPU is refused)."""
+        from raydiff.sample.generate import sampling_precision
+        from raydiff.train.precision import native_cpu_bf16
+
+        resolved = sampling_precision(precision, device=self.device)
+        if resolved == "bf16" and self.device.type == "cpu" and not native_cpu_bf16():
+            logging.getLogger(__name__).warning(
+                "--precision bf16 on a CPU without native bf16 kernels (no AVX512-BF16/AMX): "
+                "oneDNN emulates them, several times slower than fp32"
+            )
+        return resolved
 
     def sampling_model(self, mode: CompileMode) -> Any:
         """The model the sampling loop calls: compiled once per actor where ``mode``

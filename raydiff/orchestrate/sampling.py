@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -100,11 +101,14 @@ def _sample(options: SampleOptions, loaded: SamplingModel, *, address: str | Non
     quiet_ray_console()
     _log_start(options, loaded, diffusion_config, guided=guidance is not None)
     start = time.monotonic()
-    samples = _samples_on_actors(options, loaded, diffusion_config, guidance, labels, low_res)
+    samples, precision = _samples_on_actors(
+        options, loaded, diffusion_config, guidance, labels, low_res
+    )
     seconds = time.monotonic() - start
     record = {
         **dataclasses.asdict(options),
         "checkpoint": str(resolve_location(options.checkpoint)),
+        "precision": precision,  # resolved (auto: what the actors' devices chose)
         # Resolved, so an evaluator can be told from the network that guided the samples.
         "classifier": str(resolve_location(options.classifier)) if options.classifier else None,
         "low_res": low_res.source if low_res else None,
@@ -195,9 +199,10 @@ def _samples_on_actors(
     guidance: Guidance | None,
     labels: np.ndarray | None,
     low_res: LowResImages | None,
-) -> np.ndarray:
+) -> tuple[np.ndarray, str]:
     """uint8 ``[N, H, W, C]`` samples, batches spread over ``options.num_workers`` actors (an
-    upsampler's low-resolution images go to the object store once)."""
+    upsampler's low-resolution images go to the object store once), and the precision they
+    were drawn in."""
     import ray
     from tqdm.auto import tqdm
 
@@ -212,6 +217,7 @@ def _samples_on_actors(
         ) as actors,
         tqdm(total=options.num_samples, unit="img", desc="sampling") as bar,
     ):
+        precision = _precision_on(actors, options.precision)
         parts = map_batches_in_order(
             actors,
             index_batches(options.num_samples, options.batch_size),
@@ -221,4 +227,20 @@ def _samples_on_actors(
             progress=bar,
             low_res=ray.put(low_res.images) if low_res is not None else None,
         )
-    return np.concatenate(parts)
+    return np.concatenate(parts), precision
+
+
+def _precision_on(actors: list[Any], precision: str) -> str:
+    """What ``--precision`` resolves to on the actors: one precision for all of them, or a
+    sample would depend on the actor that drew it."""
+    import ray
+
+    resolved = sorted(set(ray.get([a.sampling_precision.remote(precision) for a in actors])))
+    if len(resolved) > 1:
+        raise UserInputError(
+            f"--precision {precision} resolves to {' and '.join(resolved)} on the sampling "
+            "actors' GPUs (of several kinds): give --precision fp32, bf16 or fp16"
+        )
+    if precision == "auto":
+        logger.info("--precision auto: %s on the sampling actors", resolved[0])
+    return resolved[0]

@@ -6,20 +6,23 @@ one draw on the model's device), and its class label (for class-conditional mode
 ``derive_seed(seed, "label", i)``. The work is cut into fixed batches of indices
 (:func:`index_batches`): batch ``k`` holds samples ``[k * batch_size, (k + 1) * batch_size)``
 whoever computes it, so the same seed gives the same images on one worker or many (the same
-tensor shapes on the same hardware give the same floating-point results).
+tensor shapes on the same hardware give the same floating-point results), in each precision
+(:func:`sampling_precision`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import torch
 
+from raydiff.config import Precision
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.keyed_noise import RowNoise
 from raydiff.seeding import derive_seed
+from raydiff.train.precision import autocast_model
 
 
 def index_batches(num_samples: int, batch_size: int) -> list[range]:
@@ -53,6 +56,27 @@ def sample_labels(
     )
 
 
+def sampling_precision(precision: str, *, device: torch.device) -> str:
+    """The precision of the model's forward in the sampling loop on ``device``: ``auto`` is fp32
+    on a CPU, and on CUDA bf16 where the GPU has it, else fp16 (a choice still to be confirmed
+    by a GPU benchmark: docs/testing.md). fp16 on a CPU is refused: CPUs have no fast fp16
+    kernels (docs/performance.md)."""
+    if precision not in get_args(Precision):
+        raise ValueError(
+            f"precision {precision!r} is invalid; valid: {', '.join(get_args(Precision))}"
+        )
+    if precision == "auto":
+        if device.type != "cuda":
+            return "fp32"
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if precision == "fp16" and device.type == "cpu":
+        raise ValueError(
+            "precision 'fp16' is invalid on a CPU (CPUs have no fast fp16 kernels: the demo "
+            "model's forward ran 34x slower than in fp32); valid there: auto, fp32, bf16"
+        )
+    return precision
+
+
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -67,6 +91,7 @@ def generate(
     labels: np.ndarray | None = None,
     cond_fn: Any = None,
     low_res: torch.Tensor | None = None,
+    precision: str = "fp32",
 ) -> np.ndarray:
     """Samples ``indices`` as uint8 ``[N, H, W, C]`` (improved-diffusion's ``arr_0`` layout).
 
@@ -75,7 +100,9 @@ def generate(
     sampling. ``labels`` (``[N]``): the classes of a class-conditional model, and the classes
     ``cond_fn`` (classifier guidance) steers towards; an unconditional model guided by a
     classifier does not see them. ``low_res`` (``[N, C, h, w]`` in [-1, 1]): an upsampler's
-    input, one per sample.
+    input, one per sample. ``precision`` (:func:`sampling_precision`): the model's forward
+    autocasts to it; the diffusion's arithmetic and ``cond_fn`` (the classifier's gradient) stay
+    fp32.
     """
     device = next(model.parameters()).device
     shape = (len(indices), *image_shape)
@@ -84,14 +111,15 @@ def generate(
         kwargs["y"] = torch.as_tensor(labels, device=device)
     if low_res is not None:
         kwargs["low_res"] = low_res.to(device)
-    denoiser: Any = model
+    net = autocast_model(model, sampling_precision(precision, device=device), device=device)
+    denoiser: Any = net
     if labels is not None and getattr(model, "num_classes", None) is None:
         # guided-diffusion's classifier_sample.py: y goes to cond_fn, not to an unconditional
         # model; the model's other inputs (an upsampler's low_res) still reach it.
         def denoiser(
             x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, **other: Any
         ) -> Any:
-            return model(x, t, **other)
+            return net(x, t, **other)
 
     loop = diffusion.ddim_sample_loop if use_ddim else diffusion.p_sample_loop
     extra = {"eta": eta} if use_ddim else {}

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, get_args
 
-from raydiff.config import CompileMode, DiffusionConfig, ExperimentConfig
+from raydiff.config import CompileMode, DiffusionConfig, ExperimentConfig, Precision
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.flags import flag
 
@@ -95,6 +95,14 @@ class SampleOptions(ModelSource):
         default="auto",
         help="torch.compile the model for the sampling loop: true, false, or auto (on a GPU); "
         "the samples stay those of (seed, index) (default: %(default)s)",
+    )
+    precision: Precision = flag(
+        "--precision",
+        default="auto",
+        help="the model's forward in the sampling loop: fp32, or bf16 / fp16 autocast (the "
+        "diffusion's arithmetic and a classifier's gradient stay fp32); auto: fp32 on a CPU, on "
+        "a GPU bf16 where it has it, else fp16. fp16 needs --use-gpu. The samples stay those of "
+        "(seed, index) for one precision (default: %(default)s)",
     )
     seed: int = flag(
         "--seed", default=0, help="sample i depends only on (seed, i) (default: %(default)s)"
@@ -196,6 +204,19 @@ class SampleOptions(ModelSource):
             raise self._invalid("classifier_scale", "must be >= 0")
         if self.seed < 0:
             raise self._invalid("seed", "must be >= 0")
+        self._check_precision()
+
+    def _check_precision(self) -> None:
+        valid = get_args(Precision)
+        if self.precision not in valid:
+            raise self._invalid("precision", f"valid: {', '.join(valid)}")
+        if self.precision == "fp16" and not self.use_gpu:
+            # CPU autocast to fp16 works, but the demo model's forward ran 34x slower than fp32.
+            raise self._invalid(
+                "precision",
+                "fp16 autocast needs --use-gpu: CPUs have no fast fp16 kernels (use bf16 or fp32 "
+                "on a CPU)",
+            )
 
     def _invalid(self, name: str, reason: str) -> ConfigError:
         return ConfigError(
@@ -231,6 +252,7 @@ def cascade_stages(options: SampleOptions) -> tuple[SampleOptions, SampleOptions
         num_workers=options.num_workers,
         use_gpu=options.use_gpu,
         compile=options.compile,
+        precision=options.precision,
         seed=options.seed,
         low_res=base.out,
     )

@@ -1,9 +1,10 @@
 """``torch.compile`` for the training step, and the compiled artefacts kept with the run.
 
-The step calls a compiled module (``train.compile``); everything else (checkpoints, EMA, the
-weight fingerprints, validation, previews) uses the uncompiled one, whose parameters are the
-same tensors: state-dict keys stay those of the module (no ``_orig_mod.`` prefix) and EMA tracks
-the trained weights.
+The step calls a compiled module (``train.compile``); checkpoints, EMA and the weight
+fingerprints use the uncompiled one, whose parameters are the same tensors: state-dict keys stay
+those of the module (no ``_orig_mod.`` prefix) and EMA tracks the trained weights. Validation
+and previews call a compiled view of the uncompiled module (:func:`compiled_view`), into which
+the loop swaps the EMA weights.
 
 Compiling a UNet takes minutes, and an elastic resize, a preemption or a resume restarts every
 worker process, so the artefacts live in the run folder (``compile_cache/``):
@@ -49,6 +50,14 @@ def compile_for_step(model: torch.nn.Module) -> torch.nn.Module:
     so a run compiles once and a new shape (an elastic resize's batch) compiles once more,
     instead of a slower dynamic-shape graph for all.
     """
+    return torch.compile(model, dynamic=False)
+
+
+def compiled_view(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` compiled for a compiled run's validation and previews (made once per run;
+    ``dynamic=False``: one graph per batch shape, as ``raydiff sample --compile``'s). Its
+    parameters are ``model``'s: the EMA weights the loop loads into them for an evaluation
+    compile nothing new."""
     return torch.compile(model, dynamic=False)
 
 

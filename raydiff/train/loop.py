@@ -37,10 +37,11 @@ from raydiff.seeding import derive_seed
 from raydiff.storage import StoragePath
 from raydiff.train.build import build_rank_optimizer
 from raydiff.train.checkpoint import load_checkpoint
-from raydiff.train.compilation import CompileCache
+from raydiff.train.compilation import CompileCache, compiled_view
 from raydiff.train.data_position import DataPosition
 from raydiff.train.failure import note_step
 from raydiff.train.metric_accumulator import MetricAccumulator
+from raydiff.train.precision import autocast_model
 from raydiff.train.progress import format_eta, headline_fields
 from raydiff.train.rank_optimizer import RanksOutOfSyncError, StepResult
 from raydiff.train.run_files import RunFiles
@@ -137,6 +138,7 @@ class TrainingLoop:
             self.config, runtime=self.runtime, make_task=self.make_task, fresh=state is None
         )
         self.raw_model = self.optimizer.raw_model
+        self.compiled_raw_model: torch.nn.Module | None = None  # made by the first evaluation
         self.position = DataPosition()
         if state is not None:
             self.restore(state, source=resume)
@@ -182,6 +184,7 @@ class TrainingLoop:
         """With a compiled step: the run's compiled artefacts loaded before the first step, and
         inductor's cache folder in the run folder while it trains (``CompileCache``)."""
         self.compile_cache = None
+        self.saved_after: set[str] = set()  # the evaluations whose graphs the cache holds
         if not self.optimizer.compiled:
             yield
             return
@@ -201,6 +204,13 @@ class TrainingLoop:
             seconds,
         )
         self.compile_cache.save()
+
+    def save_compiled(self, what: str) -> None:
+        """After a compiled run's first ``what`` (preview, validation): what it compiled joins
+        the run's artefacts (the main rank saves them), so a restart loads those graphs too."""
+        if self.compile_cache is not None and what not in self.saved_after:
+            self.saved_after.add(what)
+            self.compile_cache.save()
 
     # ------------------------------------------------------------------ one step
 
@@ -301,11 +311,15 @@ class TrainingLoop:
         )
         val = runtime.val_batches(rows=rows, batch_size=VAL_BATCH_SIZE)
         # A rank without rows still evaluates (its task's zero totals): every rank takes part
-        # in the sum, with the same keys.
+        # in the sum, with the same keys. In fp32 whatever train.precision: bits/dim and the
+        # losses are precision-sensitive, and compare across runs only in one precision.
         with torch.no_grad(), weights_swapped(self.raw_model, self.optimizer.eval_weights()):
             totals = self.task.evaluate(
-                self.raw_model, val, seed=derive_seed(train.seed, "val-noise", runtime.rank)
+                self.evaluation_model(),
+                val,
+                seed=derive_seed(train.seed, "val-noise", runtime.rank),
             )
+        self.save_compiled("validation")
         totals = runtime.all_reduce_sum(totals)
         return self.task.evaluation_metrics(totals) if float(totals["count"]) > 0 else {}
 
@@ -315,12 +329,33 @@ class TrainingLoop:
         assert self.files is not None
         with torch.no_grad(), weights_swapped(self.raw_model, self.optimizer.eval_weights()):
             images = self.task.preview(
-                self.raw_model, seed=derive_seed(self.train.seed, "sample-grid")
+                self.preview_model(), seed=derive_seed(self.train.seed, "sample-grid")
             )
+        self.save_compiled("preview")
         if images is not None:
             self.files.write_preview(
                 images, step=self.optimizer.step, columns=self.task.preview_columns
             )
+
+    def evaluation_model(self) -> torch.nn.Module:
+        """The module validation and previews call, the evaluation weights swapped into the raw
+        model: with a compiled step a compiled view of the raw model, made once per run (its
+        parameters are the raw model's: a swap compiles nothing new); else the raw model."""
+        if not self.optimizer.compiled:
+            return self.raw_model
+        if self.compiled_raw_model is None:
+            self.compiled_raw_model = compiled_view(self.raw_model)
+        return self.compiled_raw_model
+
+    def preview_model(self) -> torch.nn.Module:
+        """The module previews sample with: :meth:`evaluation_model`, whose forward a compiled
+        run also autocasts in its precision (``train.precision`` resolved), as ``raydiff sample
+        --precision`` does (the sampler's own arithmetic stays fp32). An eager run's previews
+        stay fp32, as they were."""
+        model = self.evaluation_model()
+        if not self.optimizer.compiled:
+            return model
+        return autocast_model(model, self.optimizer.precision.precision, device=self.runtime.device)
 
     # ------------------------------------------------------------------ checkpoint
 

@@ -2,7 +2,8 @@
 
 fp32 runs as is; bf16 autocasts (its range matches fp32, so no loss scaling); fp16 autocasts and
 uses ``torch.amp.GradScaler``, which works on CPU as well as CUDA. Model weights, optimiser state
-and EMA weights stay in fp32 in every mode.
+and EMA weights stay in fp32 in every mode. Sampling (``raydiff sample --precision``, a compiled
+run's previews) autocasts the model's forward only (:func:`autocast_model`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,36 @@ def native_cpu_bf16() -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a torch build without oneDNN
         return False
+
+
+class AutocastModel(torch.nn.Module):
+    """``model`` whose forward runs under ``torch.autocast`` to ``dtype`` on ``device_type`` and
+    returns fp32: a sampling loop's means, variances and x_t updates then stay in fp32, as the
+    originals' do (improved-diffusion's ``--use_fp16`` model also returns ``x``'s dtype)."""
+
+    def __init__(self, model: torch.nn.Module, *, dtype: torch.dtype, device_type: str) -> None:
+        super().__init__()
+        self.model = model
+        self.dtype = dtype
+        self.device_type = device_type
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        with torch.autocast(device_type=self.device_type, dtype=self.dtype):
+            output = self.model(*args, **kwargs)
+        return output.float()
+
+
+def autocast_model(
+    model: torch.nn.Module, precision: str, *, device: torch.device
+) -> torch.nn.Module:
+    """``model`` for a sampling loop in ``precision`` (fp32, bf16 or fp16, resolved): itself for
+    fp32, else an :class:`AutocastModel` on ``device``'s type."""
+    if precision not in _DTYPES:
+        raise ValueError(f"precision {precision!r} is invalid; valid: {', '.join(_DTYPES)}")
+    dtype = _DTYPES[precision]
+    if dtype is None:
+        return model
+    return AutocastModel(model, dtype=dtype, device_type=device.type)
 
 
 class PrecisionPolicy:

@@ -60,7 +60,8 @@ class RankOptimizer:
     :param rank, world_size: this worker's place in the data-parallel group.
     :param loss_sync: gathers (t, loss) across workers for a loss-aware sampler.
     :param compile_step: the step calls ``model`` compiled (``train.compile``); ``raw_model``,
-        which EMA, checkpoints and evaluation use, stays the uncompiled module.
+        which EMA and checkpoints use (and evaluation, through a compiled view of it), stays
+        the uncompiled module.
 
     Every random draw of a step is seeded at the start of the step, so a run resumed at step k
     draws what the uninterrupted run drew at step k, and no generator state needs saving. The

@@ -11,13 +11,15 @@ Run them with ``make test-gpu`` (``pytest -m gpu``). They cover:
   one GPU per worker with ``scaling.use_gpu``), through ``run_training_job``, when the machine has
   two GPUs or more;
 * sampling on a GPU actor (``raydiff sample --use-gpu``, whose ``--compile auto`` compiles the
-  model there), compared with the same samples drawn eagerly on the CPU, of a diffusion model
-  and of an upsampler given low-resolution images (``--low-res``);
+  model there), in fp32 compared with the same samples drawn eagerly on the CPU, and under
+  ``--precision auto`` (bf16 or fp16 autocast) compared with the GPU's fp32 samples, of a
+  diffusion model and of an upsampler given low-resolution images (``--low-res``);
 * the keyed noise streams (``raydiff.core.keyed_noise``) on CUDA: the same integer stream as on
   the CPU, bit for bit, and the same normals to the rounding of ``log``/``cos``/``sin``;
 * ``train.compile``: the run that ``scaling.use_gpu`` puts on the GPU compiles (``auto``) and
   saves its compiled artefacts in the run folder; the compiled step against the eager one in
-  fp16 and bf16 (losses within rounding, no recompile after the first step). The other training
+  fp16 and bf16 (losses within rounding, no recompile after the first step); a compiled run's
+  previews (compiled, autocast in ``train.precision=auto``) at every step. The other training
   tests set ``train.compile=false``: each compile takes a while.
 
 Everything is the tiny 16x16x1 model of the other tiers: seconds per test once CUDA is up.
@@ -143,6 +145,29 @@ def test_single_process_trains_on_the_gpu_with_use_gpu(dataset: Path, tmp_path: 
     assert (tmp_path / "run" / "compile_cache" / "artifacts.bin").stat().st_size > 0
 
 
+def test_a_compiled_run_previews_on_cuda_in_its_precision(dataset: Path, tmp_path: Path) -> None:
+    """A compiled run's previews call the compiled view of the raw model under autocast in the
+    run's precision (auto: bf16, or fp16 on a GPU without it) at every step."""
+    from PIL import Image
+
+    from raydiff.train.local import run_single_process
+
+    cfg = config(
+        dataset,
+        "scaling.use_gpu=true",
+        "train.precision=auto",
+        "train.compile=true",
+        "train.sample_interval=1",
+        "train.sample_count=4",
+        "train.sample_steps=5",
+    )
+    result = run_single_process(cfg, output_dir=tmp_path / "run")
+    assert result["step"] == 2 and math.isfinite(result["loss"])
+    for step in (1, 2):
+        grid = np.asarray(Image.open(tmp_path / "run" / "samples" / f"samples_{step:06d}.png"))
+        assert grid.std() > 0  # images, not a blank or a NaN grid
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_a_compiled_step_on_cuda_gives_the_eager_losses_without_recompiling(
     precision: str,
@@ -255,6 +280,7 @@ def test_sampling_on_a_gpu_actor_matches_the_cpu(
                 use_ddim=True,
                 batch_size=4,
                 use_gpu=use_gpu,
+                precision="fp32",  # --precision auto on CUDA: the next test
                 seed=3,
                 low_res=None if low_res is None else str(low_res),
             )
@@ -266,3 +292,52 @@ def test_sampling_on_a_gpu_actor_matches_the_cpu(
     # included); other images would differ by ~85 levels on average.
     difference = np.abs(samples[True].astype(int) - samples[False].astype(int))
     assert difference.mean() < 2.0 and difference.max() <= 16
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_sampling_under_precision_auto_on_cuda(
+    task: str, ray_on_gpus: None, dataset: Path, tmp_path: Path
+) -> None:
+    """``--precision auto`` on a GPU actor (compiled there by ``--compile auto``): bf16 where the
+    GPU has it, else fp16, recorded in sampling.json; the samples close to the same GPU's fp32
+    ones, the same bytes when drawn again, and the same images in batches of another size up to
+    the rounding of other shapes."""
+    import json
+
+    from raydiff.orchestrate.sampling import run_sampling
+    from raydiff.sample.options import SampleOptions
+
+    trained = train_one_process(
+        config(dataset, *TASKS[task]), tmp_path / "run", torch.device("cpu")
+    )
+    low_res = None
+    if task == "super_res":
+        low_res = tmp_path / "low_res.npz"
+        rng = np.random.default_rng(1)
+        np.savez(low_res, rng.integers(0, 256, (8, 8, 8, 1), dtype=np.uint8))
+
+    def sample(name: str, *, precision: str = "auto", batch_size: int = 4) -> np.ndarray:
+        result = run_sampling(
+            SampleOptions(
+                checkpoint=trained["checkpoint"],
+                num_samples=8,
+                out=str(tmp_path / name),
+                timestep_respacing="ddim10",
+                use_ddim=True,
+                batch_size=batch_size,
+                use_gpu=True,
+                precision=precision,
+                seed=3,
+                low_res=None if low_res is None else str(low_res),
+            )
+        )
+        return np.load(result.npz)["arr_0"].astype(int)
+
+    auto, fp32 = sample("auto"), sample("fp32", precision="fp32")
+    used = json.loads((tmp_path / "auto" / "sampling.json").read_text())["precision"]
+    assert used == ("bf16" if torch.cuda.is_bf16_supported() else "fp16")
+    # The tiny model's bf16 DDIM samples were 0.5 levels (of 255) from its fp32 ones on a CPU;
+    # two different samples differ by ~100.
+    assert np.abs(auto - fp32).mean() < 3.0
+    np.testing.assert_array_equal(sample("again"), auto)
+    assert np.abs(sample("pairs", batch_size=2) - auto).mean() < 1.0

@@ -43,7 +43,12 @@ def checkpoint(tmp_path):
     )
 
 
-def test_samples_are_the_same_on_one_and_two_workers(ray_cluster, checkpoint, tmp_path):
+@pytest.mark.parametrize("precision,used", [("auto", "fp32"), ("bf16", "bf16")])
+def test_samples_are_the_same_on_one_and_two_workers(
+    ray_cluster, checkpoint, tmp_path, precision, used
+):
+    """In each precision (``--precision auto`` is fp32 on CPU actors), which sampling.json
+    records as used."""
     from raydiff.orchestrate.sampling import run_sampling
     from raydiff.sample.options import SampleOptions
 
@@ -57,6 +62,7 @@ def test_samples_are_the_same_on_one_and_two_workers(ray_cluster, checkpoint, tm
             batch_size=4,
             num_workers=workers,
             seed=5,
+            precision=precision,
         )
         result = run_sampling(options)
         with np.load(result.npz) as data:
@@ -71,6 +77,7 @@ def test_samples_are_the_same_on_one_and_two_workers(ray_cluster, checkpoint, tm
     assert labels1.dtype == np.int64 and set(labels1) <= set(range(1000))  # NUM_CLASSES
     assert len(list((tmp_path / "out2" / "images").glob("sample_*.png"))) == 10
     assert two.grid.is_file() and two.samples_per_s > 0
+    assert json.loads((tmp_path / "out2" / "sampling.json").read_text())["precision"] == used
 
 
 def test_sigterm_while_sampling_stops_it_as_ctrl_c_does(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -39,6 +40,8 @@ from raydiff.train.checkpoint import latest_checkpoint, load_checkpoint
 from raydiff.train.compilation import INDUCTOR_CACHE_VARIABLE, CompileCache
 from raydiff.train.local import LocalRuntime
 from raydiff.train.loop import run_loop
+from raydiff.train.precision import AutocastModel
+from raydiff.train.tasks import task_of_config
 
 BATCH, STEPS = 8, 5
 
@@ -199,3 +202,91 @@ def test_a_local_run_folder_holds_inductors_cache_while_it_trains(
     with CompileCache(tmp_path, is_main=True).inductor_folder():
         assert os.environ[INDUCTOR_CACHE_VARIABLE] == str(tmp_path / "compile_cache" / "inductor")
     assert os.environ.get(INDUCTOR_CACHE_VARIABLE) == before
+
+
+class EvaluationSpy:
+    """A run's task that records, for each preview and validation, the module it was given,
+    whether autocast was on, and the graphs compiled before and after it."""
+
+    def __init__(self, task: Any, counting: CountingBackend) -> None:
+        self.task, self.counting = task, counting
+        self.calls: dict[str, list[tuple[torch.nn.Module, bool, int, int]]] = {
+            "preview": [],
+            "evaluate": [],
+        }
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.task, name)
+
+    def record(self, kind: str, model: torch.nn.Module, call: Any) -> Any:
+        before, autocast = self.counting.graphs, torch.is_autocast_enabled("cpu")
+        result = call()
+        self.calls[kind].append((model, autocast, before, self.counting.graphs))
+        return result
+
+    def preview(self, model: torch.nn.Module, *, seed: int) -> Any:
+        return self.record("preview", model, lambda: self.task.preview(model, seed=seed))
+
+    def evaluate(self, model: torch.nn.Module, batches: Any, *, seed: int) -> Any:
+        return self.record("evaluate", model, lambda: self.task.evaluate(model, batches, seed=seed))
+
+
+def run_spied(tmp_path: Path, counting: CountingBackend, *overrides: str) -> EvaluationSpy:
+    """A 3-step bf16 run of the tiny model that previews and validates at every step."""
+    cfg = config(
+        "train.precision=bf16",
+        f"train.batch_size={BATCH}",
+        "train.max_steps=3",
+        "train.sample_interval=1",
+        "train.eval_interval=1",
+        "train.log_interval=3",
+        "train.save_interval=3",
+        "train.sample_count=4",
+        "train.sample_steps=2",
+        "train.eval_num_images=12",
+        "optim.ema_rate=0.5",
+        *overrides,
+    )
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(16, 1, 8, 8, generator=g) * 2 - 1
+    val = (torch.rand(12, 1, 8, 8, generator=g) * 2 - 1, None)
+    runtime = LocalRuntime(
+        cfg, output_dir=tmp_path, resume=None, images=images, labels=None, val=val
+    )
+    spies: list[EvaluationSpy] = []
+
+    def make_task(config: ExperimentConfig, *, runtime: Any) -> Any:
+        spies.append(EvaluationSpy(task_of_config(config, runtime=runtime), counting))
+        return spies[-1]
+
+    run_loop(cfg, runtime=runtime, output_dir=tmp_path, make_task=make_task)
+    return spies[0]
+
+
+def test_a_compiled_runs_previews_and_validation_compile_once_previews_in_its_precision(
+    tmp_path: Path, counting: CountingBackend
+) -> None:
+    """The EMA weights swapped in at each evaluation are parameters of the compiled view, so
+    the second and third previews (and validations) compile nothing; previews autocast in
+    train.precision, validation stays fp32."""
+    spy = run_spied(tmp_path, counting, "train.compile=true")
+    for kind, calls in spy.calls.items():
+        assert len(calls) == 3, kind
+        graphs = [(before, after) for _, _, before, after in calls]
+        assert graphs[0][1] > graphs[0][0], f"the first {kind} ran no compiled module"
+        assert all(after == before for before, after in graphs[1:]), f"{kind}: {graphs}"
+    previews = [model for model, _, _, _ in spy.calls["preview"]]
+    assert all(isinstance(m, AutocastModel) and m.dtype == torch.bfloat16 for m in previews)
+    evaluated = [model for model, _, _, _ in spy.calls["evaluate"]]
+    assert all(m is evaluated[0] and m is not spy.task.model for m in evaluated)
+    assert previews[0].model is evaluated[0]  # one compiled view of the raw model
+    assert not any(autocast for _, autocast, _, _ in spy.calls["evaluate"])
+
+
+def test_an_eager_run_previews_and_validates_the_raw_model_in_fp32(
+    tmp_path: Path, counting: CountingBackend
+) -> None:
+    spy = run_spied(tmp_path, counting, "train.compile=false")
+    calls = spy.calls["preview"] + spy.calls["evaluate"]
+    assert len(calls) == 6 and counting.graphs == 0
+    assert all(model is spy.task.model and not autocast for model, autocast, _, _ in calls)

@@ -117,6 +117,10 @@ def test_model_flags_use_improved_diffusions_syntax():
             ["--num-samples", "4", "--timestep-respacing", "ddim3000"],
             "cannot create exactly 3000 steps",
         ),
+        (
+            ["--num-samples", "4", "--precision", "fp16"],
+            "--precision 'fp16' is invalid: fp16 autocast needs --use-gpu",
+        ),
     ],
 )
 def test_sample_cli_refuses_bad_requests_before_anything_starts(
