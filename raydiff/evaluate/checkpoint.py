@@ -117,14 +117,21 @@ def _evaluate(
 ) -> tuple[dict[str, Any], np.ndarray, Path]:
     """The evaluation itself, its samples' npz and grid written into the local folder ``out``:
     (the result so far, the samples, the npz)."""
+    import torch
+
     from raydiff.data.manifest import load_manifest
+    from raydiff.sample.generate import sampling_precision
     from raydiff.sample.load import load_sampling_model
 
     loaded = load_sampling_model(checkpoint)
+    # A GPU run's evaluator holds a GPU (start_evaluator): sample and bound there.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    loaded.model.to(device)
     config = loaded.config
     seed = derive_seed(config.train.seed, "checkpoint-evaluation")
     result: dict[str, Any] = {"step": step, "checkpoint": str(checkpoint)}
     result["weights"] = loaded.weights.name
+    result["sample_precision"] = sampling_precision(options.precision, device=device)
     samples, npz = _write_samples(loaded.model, config, options=options, seed=seed, out=out)
     data_dir = config.data.data_dir
     manifest = load_manifest(data_dir)
@@ -174,6 +181,7 @@ def _write_samples(
             seed=seed,
             use_ddim=options.sample_respacing.startswith("ddim"),
             labels=labels[b.start : b.stop] if labels is not None else None,
+            precision=options.precision,
         )
         for b in index_batches(options.num_samples, SAMPLE_BATCH)
     ]

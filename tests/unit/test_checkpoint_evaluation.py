@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from raydiff.config import EvaluationConfig, config_from_flags, to_dict
+from raydiff.config import (
+    EvaluationConfig,
+    apply_overrides,
+    config_from_flags,
+    load_config,
+    to_dict,
+)
 from raydiff.errors import ConfigError
 from raydiff.evaluate.checkpoint import evaluate_checkpoint
 from raydiff.factory import create_model
@@ -47,6 +53,7 @@ def test_a_checkpoint_gets_samples_bits_per_dim_and_tensorboard_entries(tmp_path
     folder = run / "evaluation" / "checkpoint_000020"
     assert json.loads((folder / "evaluation.json").read_text()) == result
     assert result["step"] == 20 and result["weights"] == "ema_0.9999.pt"
+    assert result["sample_precision"] == "fp32"  # auto on a CPU
     assert result["bpd_val_images"] == 2 and np.isfinite(result["bpd_val"])
     with np.load(folder / "samples_5x8x8x1.npz") as data:
         assert data["arr_0"].dtype == np.uint8 and "arr_1" not in data
@@ -63,6 +70,10 @@ def test_a_checkpoint_gets_samples_bits_per_dim_and_tensorboard_entries(tmp_path
 
 
 def test_bad_evaluation_settings_are_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"evaluation\.precision='fp8' is invalid.*valid: fp32"):
+        EvaluationConfig(precision="fp8")
+    with pytest.raises(ConfigError, match=r"evaluation\.precision='fp16' is invalid.*use_gpu"):
+        apply_overrides(load_config("demo"), ["evaluation.precision=fp16"])
     with pytest.raises(ConfigError, match=r"evaluation\.num_samples=0 is invalid"):
         EvaluationConfig(num_samples=0)
     with pytest.raises(ConfigError, match=r"evaluation\.bpd_images=-1 is invalid"):
