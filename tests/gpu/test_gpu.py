@@ -16,6 +16,8 @@ Run them with ``make test-gpu`` (``pytest -m gpu``). They cover:
   diffusion model and of an upsampler given low-resolution images (``--low-res``);
 * the keyed noise streams (``raydiff.core.keyed_noise``) on CUDA: the same integer stream as on
   the CPU, bit for bit, and the same normals to the rounding of ``log``/``cos``/``sin``;
+* the checkpoint evaluator (``--evaluate-checkpoints``) sampling on the GPU in
+  ``evaluation.precision``'s auto;
 * ``train.compile``: the run that ``scaling.use_gpu`` puts on the GPU compiles (``auto``) and
   saves its compiled artefacts in the run folder; the compiled step against the eager one in
   fp16 and bf16 (losses within rounding, no recompile after the first step); a compiled run's
@@ -143,6 +145,22 @@ def test_single_process_trains_on_the_gpu_with_use_gpu(dataset: Path, tmp_path: 
     assert torch.cuda.memory_stats().get("allocation.all.allocated", 0) > before
     # train.compile=auto compiles on CUDA, and the run keeps what it compiled for a restart.
     assert (tmp_path / "run" / "compile_cache" / "artifacts.bin").stat().st_size > 0
+
+
+def test_the_checkpoint_evaluator_samples_on_the_gpu(dataset: Path, tmp_path: Path) -> None:
+    from raydiff.config import EvaluationConfig
+    from raydiff.evaluate.checkpoint import evaluate_checkpoint
+
+    cfg = config(dataset, "scaling.use_gpu=true")
+    train_one_process(cfg, tmp_path / "run", torch.device("cuda"))
+    options = EvaluationConfig(num_samples=4, sample_respacing="ddim5", bpd_images=0)
+    result = evaluate_checkpoint(
+        tmp_path / "run" / "checkpoint_000002", run_dir=tmp_path / "run", step=2, options=options
+    )
+    expected = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    assert result["sample_precision"] == expected  # auto, resolved on the GPU
+    with np.load(result["samples"]) as data:
+        assert data["arr_0"].shape == (4, 16, 16, 1)
 
 
 def test_a_compiled_run_previews_on_cuda_in_its_precision(dataset: Path, tmp_path: Path) -> None:
