@@ -25,10 +25,10 @@ Modes (``--modes``):
   method before sampling), so this mode is what its ``UNetModel.convert_to_fp16`` allows.
 * raydiff-fp32 / raydiff-fp32-compile: ``generate`` as ``raydiff sample`` calls it on a GPU
   actor, with the model as loaded or compiled by ``compile_for_sampling`` (``--compile``).
-* raydiff-bf16 / raydiff-fp16 and their ``-compile`` variants: the model's forward pass under
-  ``torch.autocast`` to that dtype (outputs cast back to fp32 for the sampler's arithmetic), the
-  fp32 weights kept; compiled: the compiled model under autocast. When ``raydiff sample`` has a
-  precision option, these modes should call it instead of :class:`Autocast`.
+* raydiff-bf16 / raydiff-fp16 and their ``-compile`` variants: ``generate(precision=...)`` as
+  ``raydiff sample --precision`` runs it: the model's forward pass under ``torch.autocast`` to
+  that dtype (outputs cast back to fp32 for the sampler's arithmetic), the fp32 weights kept;
+  compiled: the compiled model under autocast. fp16 autocast is skipped on a CPU (refused there).
 * raydiff-fp16-weights: the model after ``convert_to_fp16()``, as ``raydiff sample`` runs a
   ``model.use_fp16`` checkpoint on a GPU: the like-for-like counterpart of ref-fp16.
 
@@ -92,8 +92,9 @@ class Mode:
 
     side: str
     """``ref`` (improved-diffusion) or ``raydiff``."""
-    autocast: torch.dtype | None = None
-    """The dtype the model's forward pass autocasts to (None: none)."""
+    precision: str = "fp32"
+    """raydiff's ``generate(precision=)`` (``raydiff sample --precision``): the forward pass
+    autocast to bf16 or fp16, the sampler's arithmetic in fp32."""
     fp16_weights: bool = False
     """The model's ``convert_to_fp16()`` applied (its torso's weights in half precision)."""
     compile: bool = False
@@ -105,10 +106,10 @@ MODES = {
     "ref-fp16": Mode(side="ref", fp16_weights=True),
     "raydiff-fp32": Mode(side="raydiff"),
     "raydiff-fp32-compile": Mode(side="raydiff", compile=True),
-    "raydiff-bf16": Mode(side="raydiff", autocast=torch.bfloat16),
-    "raydiff-bf16-compile": Mode(side="raydiff", autocast=torch.bfloat16, compile=True),
-    "raydiff-fp16": Mode(side="raydiff", autocast=torch.float16),
-    "raydiff-fp16-compile": Mode(side="raydiff", autocast=torch.float16, compile=True),
+    "raydiff-bf16": Mode(side="raydiff", precision="bf16"),
+    "raydiff-bf16-compile": Mode(side="raydiff", precision="bf16", compile=True),
+    "raydiff-fp16": Mode(side="raydiff", precision="fp16"),
+    "raydiff-fp16-compile": Mode(side="raydiff", precision="fp16", compile=True),
     "raydiff-fp16-weights": Mode(side="raydiff", fp16_weights=True),
 }
 DEFAULT_MODES = (
@@ -140,21 +141,6 @@ class Case:
     def respacing(self) -> str:
         """The ``timestep_respacing`` both sides' diffusions are built with."""
         return f"ddim{self.steps}" if self.use_ddim else str(self.steps)
-
-
-class Autocast(torch.nn.Module):
-    """``model``'s forward pass under ``torch.autocast(dtype)``, its output in fp32 (the
-    sampler's arithmetic stays in fp32); ``num_classes`` kept, which ``generate`` reads."""
-
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.model = model
-        self.dtype = dtype
-        self.num_classes = getattr(model, "num_classes", None)
-
-    def forward(self, x: torch.Tensor, timesteps: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        with torch.autocast(x.device.type, dtype=self.dtype):
-            return self.model(x, timesteps, **kwargs).float()
 
 
 def require_device(name: str) -> torch.device:
@@ -293,9 +279,10 @@ def raydiff_sampler(
     *,
     config: ExperimentConfig,
     batch: int,
+    precision: str = "fp32",
 ) -> Callable[[], Any]:
     """One batch of ``raydiff sample``'s work: ``generate`` of samples ``0..batch-1``, seed 0
-    (the classes drawn from (seed, index) as ``raydiff sample`` draws them)."""
+    (the classes drawn from (seed, index) as ``raydiff sample`` draws them), in ``precision``."""
     from raydiff.sample.generate import generate, sample_labels
 
     m = config.model
@@ -309,6 +296,7 @@ def raydiff_sampler(
         seed=0,
         use_ddim=case.use_ddim,
         labels=labels,
+        precision=precision,
     )
 
 
@@ -323,8 +311,6 @@ def mode_model(mode: Mode, models: dict[str, torch.nn.Module]) -> torch.nn.Modul
         model.convert_to_fp16()
     if mode.compile:
         model = compile_for_sampling(model)
-    if mode.autocast is not None:
-        model = Autocast(model, mode.autocast)
     return model
 
 
@@ -350,19 +336,27 @@ def build_samplers(
     }
     makers = {
         "raydiff": raydiff_sampler,
-        "ref": lambda *a, **kw: reference_sampler(*a, **kw, device=device),
+        "ref": lambda *a, precision, **kw: reference_sampler(*a, **kw, device=device),
     }
     samplers = {}
     for name in args.modes:
         mode = MODES[name]
         cuda = device.type == "cuda"
-        if mode.autocast == torch.bfloat16 and cuda and not torch.cuda.is_bf16_supported():
+        if mode.precision == "bf16" and cuda and not torch.cuda.is_bf16_supported():
             print(f"{name}: skipped, this GPU has no bf16", flush=True)
+            continue
+        if mode.precision == "fp16" and not cuda:
+            print(f"{name}: skipped, fp16 autocast needs a GPU", flush=True)
             continue
         model = mode_model(mode, models)
         samplers[name] = {
             case.name: makers[mode.side](
-                model, diffusions[mode.side][case.name], case, config=config, batch=args.batch_size
+                model,
+                diffusions[mode.side][case.name],
+                case,
+                config=config,
+                batch=args.batch_size,
+                precision=mode.precision,
             )
             for case in cases
         }
