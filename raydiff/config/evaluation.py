@@ -25,7 +25,7 @@ class EvaluationConfig:
     """Samples drawn per checkpoint (a grid in TensorBoard, the npz in RUN/evaluation)."""
     sample_respacing: str = "ddim50"
     """Sampler steps: 'ddimN' (DDIM on N steps), 'N' (ancestral on N steps) or '' (all T)."""
-    precision: Precision = "auto"
+    sample_precision: Precision = "auto"
     """The samples' model forward (``raydiff sample --precision``): auto is fp32 on a CPU and bf16
     (fp16 without bf16) on a GPU run's evaluator; fp16 needs ``scaling.use_gpu``. The bound on
     val images is computed in fp32 whatever this says."""
@@ -44,9 +44,9 @@ class EvaluationConfig:
             raise invalid(s, "bpd_images", self.bpd_images, "must be >= 0 (0: no bits/dim)")
         if self.cpus <= 0:
             raise invalid(s, "cpus", self.cpus, "must be > 0")
-        if self.precision not in get_args(Precision):
+        if self.sample_precision not in get_args(Precision):
             valid = ", ".join(get_args(Precision))
-            raise invalid(s, "precision", self.precision, f"valid: {valid}")
+            raise invalid(s, "sample_precision", self.sample_precision, f"valid: {valid}")
 
     def sampling_diffusion(self, diffusion: DiffusionConfig) -> DiffusionConfig:
         """The run's diffusion respaced for evaluation samples (checks the respacing)."""

@@ -80,10 +80,10 @@ class ExperimentConfig:
                 f"the original's --{name} asks for fp16 training but "
                 f"train.precision={self.train.precision!r}: set one of them",
             )
-        if self.evaluation.precision == "fp16" and not self.scaling.use_gpu:
+        if self.evaluation.sample_precision == "fp16" and not self.scaling.use_gpu:
             raise invalid(
                 "evaluation",
-                "precision",
+                "sample_precision",
                 "fp16",
                 "fp16 autocast needs a GPU (CPUs have no fast fp16 kernels): set "
                 "scaling.use_gpu=true, or use bf16 or fp32",

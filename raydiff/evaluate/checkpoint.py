@@ -131,7 +131,7 @@ def _evaluate(
     seed = derive_seed(config.train.seed, "checkpoint-evaluation")
     result: dict[str, Any] = {"step": step, "checkpoint": str(checkpoint)}
     result["weights"] = loaded.weights.name
-    result["sample_precision"] = sampling_precision(options.precision, device=device)
+    result["sample_precision"] = sampling_precision(options.sample_precision, device=device)
     samples, npz = _write_samples(loaded.model, config, options=options, seed=seed, out=out)
     data_dir = config.data.data_dir
     manifest = load_manifest(data_dir)
@@ -181,7 +181,7 @@ def _write_samples(
             seed=seed,
             use_ddim=options.sample_respacing.startswith("ddim"),
             labels=labels[b.start : b.stop] if labels is not None else None,
-            precision=options.precision,
+            precision=options.sample_precision,
         )
         for b in index_batches(options.num_samples, SAMPLE_BATCH)
     ]

@@ -17,7 +17,7 @@ Run them with ``make test-gpu`` (``pytest -m gpu``). They cover:
 * the keyed noise streams (``raydiff.core.keyed_noise``) on CUDA: the same integer stream as on
   the CPU, bit for bit, and the same normals to the rounding of ``log``/``cos``/``sin``;
 * the checkpoint evaluator (``--evaluate-checkpoints``) sampling on the GPU in
-  ``evaluation.precision``'s auto;
+  ``evaluation.sample_precision``'s auto;
 * ``train.compile``: the run that ``scaling.use_gpu`` puts on the GPU compiles (``auto``) and
   saves its compiled artefacts in the run folder; the compiled step against the eager one in
   fp16 and bf16 (losses within rounding, no recompile after the first step); a compiled run's
