@@ -118,8 +118,8 @@ def sampler_suffix(record: Mapping[str, Any]) -> str:
     checkpoint by several samplers or guidance scales land on its one step, each under a tag of
     its own. "" for the full ancestral chain, unguided (and for samples with no record);
     ``_respaced250``, ``_ddim25`` (``--use_ddim``, 25 steps), ``_ddim25_eta0.5``, ``_noclip``,
-    ``_guided4`` (classifier scale 4) otherwise, as ``bpd_SPLIT_respacedN`` names a respaced
-    bound."""
+    ``_guided4`` (classifier scale 4), ``_bf16`` / ``_fp16`` (the model's forward autocast:
+    ``--precision``) otherwise, as ``bpd_SPLIT_respacedN`` names a respaced bound."""
     respacing = str(record.get("timestep_respacing") or "")
     parts = []
     if record.get("use_ddim"):
@@ -132,6 +132,8 @@ def sampler_suffix(record: Mapping[str, Any]) -> str:
         parts.append("noclip")
     if record.get("classifier") and record.get("classifier_scale"):
         parts.append(f"guided{record['classifier_scale']:g}")
+    if record.get("precision") in ("bf16", "fp16"):
+        parts.append(record["precision"])
     return "".join(f"_{part}" for part in parts)
 
 

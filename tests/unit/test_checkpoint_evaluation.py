@@ -70,9 +70,13 @@ def test_a_checkpoint_gets_samples_bits_per_dim_and_tensorboard_entries(tmp_path
 
 
 def test_bad_evaluation_settings_are_refused_naming_the_field():
-    with pytest.raises(ConfigError, match=r"evaluation\.sample_precision='fp8' is invalid.*valid: fp32"):
+    with pytest.raises(
+        ConfigError, match=r"evaluation\.sample_precision='fp8' is invalid.*valid: fp32"
+    ):
         EvaluationConfig(sample_precision="fp8")
-    with pytest.raises(ConfigError, match=r"evaluation\.sample_precision='fp16' is invalid.*use_gpu"):
+    with pytest.raises(
+        ConfigError, match=r"evaluation\.sample_precision='fp16' is invalid.*use_gpu"
+    ):
         apply_overrides(load_config("demo"), ["evaluation.sample_precision=fp16"])
     with pytest.raises(ConfigError, match=r"evaluation\.num_samples=0 is invalid"):
         EvaluationConfig(num_samples=0)

@@ -95,6 +95,11 @@ def test_each_sampler_of_one_checkpoint_gets_tensorboard_tags_of_its_own(
     assert sampler_suffix({"classifier": "c/checkpoint_000010", "classifier_scale": 4.0}) == (
         "_guided4"
     )
+    assert sampler_suffix(
+        {"use_ddim": True, "timestep_respacing": "ddim25", "precision": "bf16"}
+    ) == ("_ddim25_bf16")
+    assert sampler_suffix({"precision": "fp16"}) == "_fp16"
+    assert sampler_suffix({"precision": "fp32"}) == ""  # fp32 (and records before --precision)
 
     monkeypatch.setattr(fid, "load_inception", lambda path, device="cpu": TinyFeatures())
     run, checkpoint = run_with_checkpoint(tmp_path, tiny_prepared)
