@@ -105,6 +105,54 @@ class ModelActor:
             )
         return resolved
 
+    def fitting_batch(self, limit: int, precision: str) -> int:
+        """``--batch-size 0``: the largest power of two up to ``limit`` whose sampling step (the
+        model's forward in ``precision``, and the classifier's gradient when guided) fits this
+        actor's GPU with a tenth of its free memory to spare; on a CPU the default batch. The
+        eager model is probed: probing the compiled one would compile every size tried."""
+        from raydiff.sample.generate import (
+            CPU_AUTO_BATCH,
+            largest_fitting_batch,
+            sampling_precision,
+        )
+        from raydiff.train.precision import autocast_model
+
+        if self.device.type != "cuda":
+            return min(CPU_AUTO_BATCH, limit)
+        resolved = sampling_precision(precision, device=self.device)
+        net = autocast_model(self.model, resolved, device=self.device)
+        return largest_fitting_batch(functools.partial(self._step_fits, net), limit=limit)
+
+    def _step_fits(self, net: Any, batch: int) -> bool:
+        """Whether one sampling step of ``batch`` samples runs within 90% of the GPU's free
+        memory (an out-of-memory error: it does not)."""
+        import torch
+
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        x = torch.zeros((batch, *self.image_shape), device=self.device)
+        t = torch.zeros(batch, dtype=torch.long, device=self.device)
+        kwargs: dict[str, Any] = {}
+        if getattr(self.model, "num_classes", None) is not None:
+            kwargs["y"] = torch.zeros(batch, dtype=torch.long, device=self.device)
+        if self.low_res_size is not None:
+            size = (batch, self.image_shape[0], self.low_res_size, self.low_res_size)
+            kwargs["low_res"] = torch.zeros(size, device=self.device)
+        try:
+            with torch.no_grad():
+                net(x, t, **kwargs)
+            if self.cond_fn is not None:
+                y = torch.zeros(batch, dtype=torch.long, device=self.device)
+                self.cond_fn(x, t, y=y)
+        except torch.cuda.OutOfMemoryError:
+            return False
+        finally:
+            del x, t, kwargs
+        used = torch.cuda.max_memory_allocated(self.device) - before
+        return used <= 0.9 * free
+
     def sampling_model(self, mode: CompileMode) -> Any:
         """The model the sampling loop calls: compiled once per actor where ``mode``
         (``--compile``) asks for it on this actor's device, else the model as loaded."""

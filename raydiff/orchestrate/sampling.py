@@ -23,7 +23,7 @@ from raydiff.config import DiffusionConfig, ExperimentConfig
 from raydiff.errors import UserInputError
 from raydiff.orchestrate.model_actor import map_batches_in_order, model_actors
 from raydiff.sample.classifier import Guidance
-from raydiff.sample.generate import index_batches, sample_labels
+from raydiff.sample.generate import auto_batch_limit, index_batches, sample_labels
 from raydiff.sample.load import SamplingModel, load_sampling_model
 from raydiff.sample.low_res import LowResImages, check_cascade, load_low_res
 from raydiff.sample.options import SampleOptions, cascade_stages, sampling_diffusion_config
@@ -101,14 +101,14 @@ def _sample(options: SampleOptions, loaded: SamplingModel, *, address: str | Non
     quiet_ray_console()
     _log_start(options, loaded, diffusion_config, guided=guidance is not None)
     start = time.monotonic()
-    samples, precision = _samples_on_actors(
+    samples, resolved = _samples_on_actors(
         options, loaded, diffusion_config, guidance, labels, low_res
     )
     seconds = time.monotonic() - start
     record = {
         **dataclasses.asdict(options),
         "checkpoint": str(resolve_location(options.checkpoint)),
-        "precision": precision,  # resolved (auto: what the actors' devices chose)
+        **resolved,  # precision and batch_size as the actors' devices resolved them
         # Resolved, so an evaluator can be told from the network that guided the samples.
         "classifier": str(resolve_location(options.classifier)) if options.classifier else None,
         "low_res": low_res.source if low_res else None,
@@ -179,7 +179,7 @@ def _log_start(
 ) -> None:
     respacing = diffusion_config.timestep_respacing
     logger.info(
-        "sampling %d images from %s (%s) on %d worker(s): %s%s%s, batches of %d, seed %d",
+        "sampling %d images from %s (%s) on %d worker(s): %s%s%s, batches of %s, seed %d",
         options.num_samples,
         options.checkpoint,
         loaded.weights.name,
@@ -187,7 +187,7 @@ def _log_start(
         "DDIM" if options.use_ddim else "ancestral",
         f" respaced {respacing}" if respacing else "",
         f", classifier guidance scale {options.classifier_scale}" if guided else "",
-        options.batch_size,
+        options.batch_size or "the largest that fits",
         options.seed,
     )
 
@@ -199,10 +199,10 @@ def _samples_on_actors(
     guidance: Guidance | None,
     labels: np.ndarray | None,
     low_res: LowResImages | None,
-) -> tuple[np.ndarray, str]:
+) -> tuple[np.ndarray, dict[str, Any]]:
     """uint8 ``[N, H, W, C]`` samples, batches spread over ``options.num_workers`` actors (an
-    upsampler's low-resolution images go to the object store once), and the precision they
-    were drawn in."""
+    upsampler's low-resolution images go to the object store once), and the precision and
+    batch size they were drawn in (``auto`` and ``0`` resolved)."""
     import ray
     from tqdm.auto import tqdm
 
@@ -218,16 +218,28 @@ def _samples_on_actors(
         tqdm(total=options.num_samples, unit="img", desc="sampling") as bar,
     ):
         precision = _precision_on(actors, options.precision)
+        batch_size = options.batch_size or _fitting_batch(actors, options)
         parts = map_batches_in_order(
             actors,
-            index_batches(options.num_samples, options.batch_size),
+            index_batches(options.num_samples, batch_size),
             "sample",
             labels,
             options,
             progress=bar,
             low_res=ray.put(low_res.images) if low_res is not None else None,
         )
-    return np.concatenate(parts), precision
+    return np.concatenate(parts), {"precision": precision, "batch_size": batch_size}
+
+
+def _fitting_batch(actors: list[Any], options: SampleOptions) -> int:
+    """``--batch-size 0``: the largest batch that fits every actor's GPU (one batch size for
+    all of them: the batches are planned before any is handed out)."""
+    import ray
+
+    limit = auto_batch_limit(num_samples=options.num_samples, num_workers=options.num_workers)
+    batch = min(ray.get([a.fitting_batch.remote(limit, options.precision) for a in actors]))
+    logger.info("--batch-size 0: batches of %d, the largest that fits (at most %d)", batch, limit)
+    return batch
 
 
 def _precision_on(actors: list[Any], precision: str) -> str:

@@ -12,7 +12,7 @@ tensor shapes on the same hardware give the same floating-point results), in eac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, get_args
 
 import numpy as np
@@ -32,6 +32,30 @@ def index_batches(num_samples: int, batch_size: int) -> list[range]:
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} is invalid: must be >= 1")
     return [range(s, min(s + batch_size, num_samples)) for s in range(0, num_samples, batch_size)]
+
+
+CPU_AUTO_BATCH = 16
+"""``--batch-size 0`` on a CPU: the default batch (a CPU's memory is not what bounds it)."""
+MAX_AUTO_BATCH = 1024
+
+
+def auto_batch_limit(*, num_samples: int, num_workers: int) -> int:
+    """The largest batch ``--batch-size 0`` tries: the power of two that holds a worker's share
+    of the samples, at most :data:`MAX_AUTO_BATCH` (a larger batch would only leave a worker
+    idle)."""
+    share = -(-num_samples // num_workers)
+    return min(MAX_AUTO_BATCH, 1 << max(share - 1, 0).bit_length())
+
+
+def largest_fitting_batch(fits: Callable[[int], bool], *, limit: int) -> int:
+    """The largest of ``limit, limit/2, ..., 1`` for which ``fits(batch)`` (one sampling step at
+    that batch ran in the device's memory); a ``ValueError`` if not even one sample fits."""
+    batch = limit
+    while batch >= 1:
+        if fits(batch):
+            return batch
+        batch //= 2
+    raise ValueError("not even one sample's sampling step fits in the GPU's free memory")
 
 
 def sample_noise(seed: int, indices: Sequence[int], *, device: torch.device | str) -> RowNoise:

@@ -84,7 +84,9 @@ class SampleOptions(ModelSource):
     batch_size: int = flag(
         "--batch-size",
         default=16,
-        help="samples per batch, the unit of work a worker takes (default: %(default)s)",
+        help="samples per batch, the unit of work a worker takes; 0: the largest power of two "
+        "(up to 1024 and a worker's share) whose sampling step fits each GPU, 16 on a CPU "
+        "(default: %(default)s)",
     )
     num_workers: int = flag(
         "--num-workers", default=1, help="Ray sampler actors (default: %(default)s)"
@@ -166,9 +168,11 @@ class SampleOptions(ModelSource):
     )
 
     def __post_init__(self) -> None:
-        for name in ("num_samples", "batch_size", "num_workers"):
+        for name in ("num_samples", "num_workers"):
             if getattr(self, name) < 1:
                 raise self._invalid(name, "must be >= 1")
+        if self.batch_size < 0:
+            raise self._invalid("batch_size", "must be >= 1, or 0 for the largest that fits")
         if self.eta < 0:
             raise self._invalid("eta", "must be >= 0")
         if self.eta and not self.use_ddim:

@@ -16,6 +16,7 @@ Run them with ``make test-gpu`` (``pytest -m gpu``). They cover:
   diffusion model and of an upsampler given low-resolution images (``--low-res``);
 * the keyed noise streams (``raydiff.core.keyed_noise``) on CUDA: the same integer stream as on
   the CPU, bit for bit, and the same normals to the rounding of ``log``/``cos``/``sin``;
+* ``raydiff sample --batch-size 0`` on a GPU actor (the largest batch that fits);
 * the checkpoint evaluator (``--evaluate-checkpoints``) sampling on the GPU in
   ``evaluation.sample_precision``'s auto;
 * ``train.compile``: the run that ``scaling.use_gpu`` puts on the GPU compiles (``auto``) and
@@ -359,3 +360,35 @@ def test_sampling_under_precision_auto_on_cuda(
     assert np.abs(auto - fp32).mean() < 3.0
     np.testing.assert_array_equal(sample("again"), auto)
     assert np.abs(sample("pairs", batch_size=2) - auto).mean() < 1.0
+
+
+def test_batch_size_zero_takes_the_largest_batch_that_fits(
+    ray_on_gpus: None, dataset: Path, tmp_path: Path
+) -> None:
+    """``--batch-size 0`` on a GPU actor: the tiny model's step fits at the largest batch tried
+    (a worker's share, 64), recorded in sampling.json; the samples are those of that batch size
+    given explicitly."""
+    import json
+
+    from raydiff.orchestrate.sampling import run_sampling
+    from raydiff.sample.options import SampleOptions
+
+    trained = train_one_process(config(dataset), tmp_path / "run", torch.device("cpu"))
+
+    def sample(batch_size: int) -> np.ndarray:
+        out = tmp_path / f"batch{batch_size}"
+        result = run_sampling(
+            SampleOptions(
+                checkpoint=trained["checkpoint"],
+                num_samples=64,
+                out=str(out),
+                timestep_respacing="ddim5",
+                use_ddim=True,
+                batch_size=batch_size,
+                use_gpu=True,
+            )
+        )
+        assert json.loads((out / "sampling.json").read_text())["batch_size"] == 64
+        return np.load(result.npz)["arr_0"]
+
+    np.testing.assert_array_equal(sample(0), sample(64))

@@ -52,14 +52,14 @@ def test_samples_are_the_same_on_one_and_two_workers(
     from raydiff.orchestrate.sampling import run_sampling
     from raydiff.sample.options import SampleOptions
 
-    def run(workers: int):
+    def run(workers: int, batch_size: int = 4):
         options = SampleOptions(
             checkpoint=str(checkpoint),
             num_samples=10,
-            out=str(tmp_path / f"out{workers}"),
+            out=str(tmp_path / f"out{workers}_{batch_size}"),
             timestep_respacing="ddim10",
             use_ddim=True,
-            batch_size=4,
+            batch_size=batch_size,
             num_workers=workers,
             seed=5,
             precision=precision,
@@ -75,9 +75,14 @@ def test_samples_are_the_same_on_one_and_two_workers(
     np.testing.assert_array_equal(images1, images2)
     np.testing.assert_array_equal(labels1, labels2)
     assert labels1.dtype == np.int64 and set(labels1) <= set(range(1000))  # NUM_CLASSES
-    assert len(list((tmp_path / "out2" / "images").glob("sample_*.png"))) == 10
+    assert len(list((tmp_path / "out2_4" / "images").glob("sample_*.png"))) == 10
     assert two.grid.is_file() and two.samples_per_s > 0
-    assert json.loads((tmp_path / "out2" / "sampling.json").read_text())["precision"] == used
+    record = json.loads((tmp_path / "out2_4" / "sampling.json").read_text())
+    assert record["precision"] == used and record["batch_size"] == 4
+    if precision == "auto":
+        # --batch-size 0 on CPU actors: the default batch, capped by a worker's share (5 -> 8).
+        run(2, batch_size=0)
+        assert json.loads((tmp_path / "out2_0" / "sampling.json").read_text())["batch_size"] == 8
 
 
 def test_sigterm_while_sampling_stops_it_as_ctrl_c_does(

@@ -145,6 +145,29 @@ def test_auto_is_fp32_on_a_cpu_and_bf16_or_fp16_on_cuda(monkeypatch):
         sampling_precision("fp8", device=CPU)
 
 
+def test_batch_size_zero_searches_the_largest_power_of_two_that_fits():
+    from raydiff.sample.generate import auto_batch_limit, largest_fitting_batch
+
+    assert auto_batch_limit(num_samples=10, num_workers=1) == 16
+    assert auto_batch_limit(num_samples=10, num_workers=2) == 8
+    assert auto_batch_limit(num_samples=1, num_workers=4) == 1
+    assert auto_batch_limit(num_samples=50_000, num_workers=8) == 1024
+    tried = []
+
+    def fits(batch: int) -> bool:
+        tried.append(batch)
+        return batch <= 300
+
+    assert largest_fitting_batch(fits, limit=1024) == 256
+    assert tried == [1024, 512, 256]
+    with pytest.raises(ValueError, match="not even one sample"):
+        largest_fitting_batch(lambda batch: False, limit=4)
+    common = {"checkpoint": "c", "num_samples": 1, "out": "o"}
+    assert SampleOptions(**common, batch_size=0).batch_size == 0
+    with pytest.raises(ConfigError, match=r"batch_size=-1 is invalid: must be >= 1, or 0"):
+        SampleOptions(**common, batch_size=-1)
+
+
 def test_the_precision_option_is_checked():
     common = {"checkpoint": "c", "num_samples": 1, "out": "o"}
     assert SampleOptions(**common).precision == "auto"
