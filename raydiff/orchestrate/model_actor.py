@@ -132,26 +132,32 @@ class ModelActor:
         free, _ = torch.cuda.mem_get_info(self.device)
         before = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
+        try:
+            self._one_step(net, batch)
+        except torch.cuda.OutOfMemoryError:
+            return False
+        used = torch.cuda.max_memory_allocated(self.device) - before
+        return used <= 0.9 * free
+
+    def _one_step(self, net: Any, batch: int) -> None:
+        """What one sampling step of ``batch`` samples computes: the model's forward (with an
+        upsampler's input, a class-conditional model's classes) and the classifier's gradient
+        when guided; zeros stand in for the images."""
+        import torch
+
         x = torch.zeros((batch, *self.image_shape), device=self.device)
         t = torch.zeros(batch, dtype=torch.long, device=self.device)
+        y = torch.zeros(batch, dtype=torch.long, device=self.device)
         kwargs: dict[str, Any] = {}
         if getattr(self.model, "num_classes", None) is not None:
-            kwargs["y"] = torch.zeros(batch, dtype=torch.long, device=self.device)
+            kwargs["y"] = y
         if self.low_res_size is not None:
             size = (batch, self.image_shape[0], self.low_res_size, self.low_res_size)
             kwargs["low_res"] = torch.zeros(size, device=self.device)
-        try:
-            with torch.no_grad():
-                net(x, t, **kwargs)
-            if self.cond_fn is not None:
-                y = torch.zeros(batch, dtype=torch.long, device=self.device)
-                self.cond_fn(x, t, y=y)
-        except torch.cuda.OutOfMemoryError:
-            return False
-        finally:
-            del x, t, kwargs
-        used = torch.cuda.max_memory_allocated(self.device) - before
-        return used <= 0.9 * free
+        with torch.no_grad():
+            net(x, t, **kwargs)
+        if self.cond_fn is not None:
+            self.cond_fn(x, t, y=y)
 
     def sampling_model(self, mode: CompileMode) -> Any:
         """The model the sampling loop calls: compiled once per actor where ``mode``
