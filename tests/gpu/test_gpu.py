@@ -317,10 +317,10 @@ def test_sampling_on_a_gpu_actor_matches_the_cpu(
 def test_sampling_under_precision_auto_on_cuda(
     task: str, ray_on_gpus: None, dataset: Path, tmp_path: Path
 ) -> None:
-    """``--precision auto`` on a GPU actor (compiled there by ``--compile auto``): bf16 where the
-    GPU has it, else fp16, recorded in sampling.json; the samples close to the same GPU's fp32
-    ones, the same bytes when drawn again, and the same images in batches of another size up to
-    the rounding of other shapes."""
+    """``--precision auto`` on a GPU actor (eager: compiled sampling is the test above's): bf16
+    where the GPU has it, else fp16, recorded in sampling.json; the samples close to the same
+    GPU's fp32 ones, the same bytes when drawn again, and the same images in batches of another
+    size up to the rounding of other shapes."""
     import json
 
     from raydiff.orchestrate.sampling import run_sampling
@@ -346,6 +346,7 @@ def test_sampling_under_precision_auto_on_cuda(
                 batch_size=batch_size,
                 use_gpu=True,
                 precision=precision,
+                compile="false",  # compiled sampling on a GPU: the test above
                 seed=3,
                 low_res=None if low_res is None else str(low_res),
             )
@@ -386,6 +387,7 @@ def test_batch_size_zero_takes_the_largest_batch_that_fits(
                 use_ddim=True,
                 batch_size=batch_size,
                 use_gpu=True,
+                compile="false",  # compiled sampling on a GPU: its own test
             )
         )
         assert json.loads((out / "sampling.json").read_text())["batch_size"] == 64
