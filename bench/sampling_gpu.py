@@ -303,7 +303,7 @@ def raydiff_sampler(
 def mode_model(mode: Mode, models: dict[str, torch.nn.Module]) -> torch.nn.Module:
     """The model ``mode`` samples with, made from ``models`` (``ref``, ``raydiff``: the fp32
     ones, shared by the modes that do not change their weights)."""
-    from raydiff.sample.generate import compile_for_sampling
+    from raydiff.train.compilation import compile_for_sampling
 
     model = models[mode.side]
     if mode.fp16_weights:

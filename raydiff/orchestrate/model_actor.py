@@ -163,7 +163,7 @@ class ModelActor:
         """The model the sampling loop calls: compiled once per actor where ``mode``
         (``--compile``) asks for it on this actor's device, else the model as loaded."""
         from raydiff.config import compile_wanted
-        from raydiff.sample.generate import compile_for_sampling
+        from raydiff.train.compilation import compile_for_sampling
 
         if not compile_wanted(mode, cuda=self.device.type == "cuda"):
             return self.model

@@ -160,14 +160,6 @@ def generate(
     return to_uint8(images)
 
 
-def compile_for_sampling(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` compiled for the sampling loop: ``dynamic=False``, one graph per batch shape
-    (the fixed batches of :func:`index_batches` have one size, the last may have another), so
-    every batch of one size runs the same kernels wherever it runs: a sample still depends on
-    (seed, index) alone, on one worker or many."""
-    return torch.compile(model, dynamic=False)
-
-
 def to_uint8(images: torch.Tensor) -> np.ndarray:
     """``[N, C, H, W]`` in [-1, 1] -> ``[N, H, W, C]`` uint8 exactly as improved-diffusion's
     ``image_sample.py`` converts (``((x + 1) * 127.5).clamp(0, 255).to(uint8)``: truncation, so

@@ -3,8 +3,8 @@
 The step calls a compiled module (``train.compile``); checkpoints, EMA and the weight
 fingerprints use the uncompiled one, whose parameters are the same tensors: state-dict keys stay
 those of the module (no ``_orig_mod.`` prefix) and EMA tracks the trained weights. Validation
-and previews call a compiled view of the uncompiled module (:func:`compiled_view`), into which
-the loop swaps the EMA weights.
+and previews call the uncompiled module compiled for inference (:func:`compile_for_sampling`),
+into which the loop swaps the EMA weights.
 
 Compiling a UNet takes minutes, and an elastic resize, a preemption or a resume restarts every
 worker process, so the artefacts live in the run folder (``compile_cache/``):
@@ -53,11 +53,13 @@ def compile_for_step(model: torch.nn.Module) -> torch.nn.Module:
     return torch.compile(model, dynamic=False)
 
 
-def compiled_view(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` compiled for a compiled run's validation and previews (made once per run;
-    ``dynamic=False``: one graph per batch shape, as ``raydiff sample --compile``'s). Its
-    parameters are ``model``'s: the EMA weights the loop loads into them for an evaluation
-    compile nothing new."""
+def compile_for_sampling(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` compiled for inference: ``raydiff sample --compile``'s sampling loop, and a
+    compiled run's validation and previews. ``dynamic=False``: one graph per batch shape (the
+    fixed batches of ``raydiff.sample.generate.index_batches`` have one size, the last may have
+    another), so every batch of one size runs the same kernels wherever it runs and a sample
+    still depends on (seed, index) alone. The compiled module calls ``model``'s parameters: the
+    EMA weights the loop swaps into them for an evaluation compile nothing new."""
     return torch.compile(model, dynamic=False)
 
 

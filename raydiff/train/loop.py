@@ -37,7 +37,7 @@ from raydiff.seeding import derive_seed
 from raydiff.storage import StoragePath
 from raydiff.train.build import build_rank_optimizer
 from raydiff.train.checkpoint import load_checkpoint
-from raydiff.train.compilation import CompileCache, compiled_view
+from raydiff.train.compilation import CompileCache, compile_for_sampling
 from raydiff.train.data_position import DataPosition
 from raydiff.train.failure import note_step
 from raydiff.train.metric_accumulator import MetricAccumulator
@@ -203,10 +203,10 @@ class TrainingLoop:
             self.optimizer.step,
             seconds,
         )
-        self.compile_cache.save()
+        self.save_compiled("step")
 
     def save_compiled(self, what: str) -> None:
-        """After a compiled run's first ``what`` (preview, validation): what it compiled joins
+        """After a compiled run's first ``what`` (step, preview, validation): what it compiled joins
         the run's artefacts (the main rank saves them), so a restart loads those graphs too."""
         if self.compile_cache is not None and what not in self.saved_after:
             self.saved_after.add(what)
@@ -344,7 +344,7 @@ class TrainingLoop:
         if not self.optimizer.compiled:
             return self.raw_model
         if self.compiled_raw_model is None:
-            self.compiled_raw_model = compiled_view(self.raw_model)
+            self.compiled_raw_model = compile_for_sampling(self.raw_model)
         return self.compiled_raw_model
 
     def preview_model(self) -> torch.nn.Module:

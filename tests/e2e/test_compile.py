@@ -26,8 +26,9 @@ from tiny_model import tiny_model, tiny_unet
 
 from raydiff.config import DiffusionConfig
 from raydiff.factory import create_gaussian_diffusion
-from raydiff.sample.generate import compile_for_sampling, generate
+from raydiff.sample.generate import generate
 from raydiff.train.checkpoint import load_checkpoint, read_metrics
+from raydiff.train.compilation import compile_for_sampling
 
 REPO = Path(__file__).resolve().parents[2]
 FIRST_STEP = re.compile(r"step (\d+), this process's first, took ([0-9.]+) s")

@@ -12,13 +12,13 @@ from raydiff.config import DiffusionConfig
 from raydiff.core import SuperResModel
 from raydiff.factory import create_gaussian_diffusion
 from raydiff.sample.generate import (
-    compile_for_sampling,
     generate,
     index_batches,
     sample_labels,
     to_uint8,
 )
 from raydiff.sample.outputs import npz_name, write_grid, write_npz, write_pngs
+from raydiff.train.compilation import compile_for_sampling
 
 pytestmark = pytest.mark.unit
 
