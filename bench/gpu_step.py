@@ -81,16 +81,43 @@ RAYDIFF_MODES = (
 MODES = (*RAYDIFF_MODES, "ref-fp16")
 
 
-def require_cuda() -> torch.device:
-    """The GPU, or exit with status 2 saying why there is none."""
+def require_cuda(
+    what: str = "bench/gpu_step.py measures a training step",
+    how: str = "make bench-gpu",
+) -> torch.device:
+    """The GPU, or exit with status 2 saying why there is none (``what`` the script measures,
+    ``how`` to run it on a GPU machine)."""
     if not torch.cuda.is_available():
         sys.stderr.write(
-            "bench/gpu_step.py measures a training step on a CUDA GPU, and this machine has none "
+            f"{what} on a CUDA GPU, and this machine has none "
             f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}: "
-            "torch.cuda.is_available() is False). Run it on a GPU machine: make bench-gpu\n"
+            f"torch.cuda.is_available() is False). Run it on a GPU machine: {how}\n"
         )
         raise SystemExit(2)
     return torch.device("cuda", torch.cuda.current_device())
+
+
+def add_reference_arguments(parser: argparse.ArgumentParser, *, cache_help: str) -> None:
+    """The options both GPU benchmarks take: improved-diffusion's checkout, raydiff alone, and
+    inductor's cache folder."""
+    parser.add_argument(
+        "--reference-root",
+        type=Path,
+        default=REPO / ".reference",
+        help="folder holding improved-diffusion/ (default: .reference)",
+    )
+    parser.add_argument(
+        "--no-reference", action="store_true", help="raydiff's modes only (no ref-* mode)"
+    )
+    parser.add_argument("--cache-dir", type=Path, default=None, help=cache_help)
+
+
+def use_inductor_cache(folder: Path | None, *, prefix: str) -> Path:
+    """Inductor's cache folder for this process: ``folder``, else a fresh one (compiled modes
+    then compile cold)."""
+    cache = folder or Path(tempfile.mkdtemp(prefix=prefix))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    return cache
 
 
 def mode_config(preset: str, mode: str, *, batch: int) -> ExperimentConfig:
@@ -410,21 +437,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=MODES,
         help=f"comma-separated, of: {', '.join(MODES)} (default: all)",
     )
-    parser.add_argument(
-        "--reference-root",
-        type=Path,
-        default=REPO / ".reference",
-        help="folder holding improved-diffusion/ (default: .reference)",
-    )
-    parser.add_argument(
-        "--no-reference", action="store_true", help="raydiff's modes only (no ref-fp16)"
-    )
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="inductor's cache folder (default: a fresh one, so compiled modes compile cold; "
-        "the folder of an earlier run: its first steps are a restart's, warm)",
+    add_reference_arguments(
+        parser,
+        cache_help="inductor's cache folder (default: a fresh one, so compiled modes compile "
+        "cold; the folder of an earlier run: its first steps are a restart's, warm)",
     )
     parser.add_argument(
         "--out", type=Path, default=REPO / "bench/results/gpu_step.json", help="JSON output"
@@ -445,8 +461,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     device = require_cuda()
-    cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="gpu_step-inductor-"))
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    cache = use_inductor_cache(args.cache_dir, prefix="gpu_step-inductor-")
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(),
         "driver": _driver_version(),

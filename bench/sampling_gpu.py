@@ -65,7 +65,6 @@ import copy
 import dataclasses
 import inspect
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -81,7 +80,14 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path[:0] = [str(REPO), str(BENCH)]  # raydiff from this checkout; gpu_step beside this file
 
-from gpu_step import _driver_version, import_improved_diffusion, reference_flags  # noqa: E402
+from gpu_step import (  # noqa: E402
+    _driver_version,
+    add_reference_arguments,
+    import_improved_diffusion,
+    reference_flags,
+    require_cuda,
+    use_inductor_cache,
+)
 
 from raydiff.config import ExperimentConfig, apply_overrides, load_config  # noqa: E402
 
@@ -148,15 +154,10 @@ def require_device(name: str) -> torch.device:
     saying why."""
     if name == "cpu":
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        sys.stderr.write(
-            "bench/sampling.py --gpu measures sampling on a CUDA GPU, and this machine has none "
-            f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}: "
-            "torch.cuda.is_available() is False). Run it on a GPU machine (make "
-            "bench-sampling-gpu), or add --device cpu for a small check on the CPU\n"
-        )
-        raise SystemExit(2)
-    return torch.device("cuda", torch.cuda.current_device())
+    return require_cuda(
+        "bench/sampling.py --gpu measures sampling",
+        "make bench-sampling-gpu, or add --device cpu for a small check on the CPU",
+    )
 
 
 def perturbed(model: torch.nn.Module) -> torch.nn.Module:
@@ -490,20 +491,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_MODES,
         help=f"comma-separated, of: {', '.join(MODES)} (default: {','.join(DEFAULT_MODES)})",
     )
-    parser.add_argument(
-        "--no-reference", action="store_true", help="raydiff's modes only (no ref-*)"
-    )
-    parser.add_argument(
-        "--reference-root",
-        type=Path,
-        default=REPO / ".reference",
-        help="folder holding improved-diffusion/ (default: .reference)",
-    )
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="inductor's cache folder (default: a fresh one: compiled modes compile cold)",
+    add_reference_arguments(
+        parser,
+        cache_help="inductor's cache folder (default: a fresh one: compiled modes compile cold)",
     )
     parser.add_argument(
         "--out",
@@ -532,8 +522,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     args = parse_args(argv)
     device = require_device(args.device)
-    cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="sampling_gpu-inductor-"))
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    cache = use_inductor_cache(args.cache_dir, prefix="sampling_gpu-inductor-")
     config = apply_overrides(load_config(args.preset), args.set)
     cases = [Case(use_ddim=True, steps=args.ddim_steps)]
     if args.ancestral_batches:
