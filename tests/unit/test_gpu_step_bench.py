@@ -3,23 +3,14 @@ both presets, and the clear exit (status 2) on a machine without CUDA."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_step.py"
+from bench_script import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gpu_step", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("gpu_step")
 
 
 def test_every_mode_of_both_presets_has_its_config(bench) -> None:

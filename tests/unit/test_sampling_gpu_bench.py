@@ -5,29 +5,17 @@ the repository)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from bench_script import load_bench_script
 from tiny_model import tiny_model, tiny_unet
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return load("sampling_gpu")
+    return load_bench_script("sampling_gpu")
 
 
 def test_the_defaults_are_the_issues_loops_against_both_reference_modes(bench) -> None:
@@ -61,7 +49,7 @@ def test_no_reference_drops_the_ref_modes_and_refuses_to_run_nothing(bench, caps
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
 def test_without_cuda_sampling_py_gpu_says_so_and_exits_with_status_2(capsys) -> None:
     with pytest.raises(SystemExit) as exit_:
-        load("sampling").main(["--gpu", "--batch-size", "8"])
+        load_bench_script("sampling").main(["--gpu", "--batch-size", "8"])
     assert exit_.value.code == 2
     assert "has none" in capsys.readouterr().err
 

@@ -3,23 +3,16 @@ rule (difference of the means within 2 x the larger seed-to-seed sd) and the pri
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "training_parity.py"
+from bench_script import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("training_parity", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("training_parity", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("training_parity")
 
 
 def test_importing_the_script_loads_neither_torch_nor_the_reference(bench) -> None:
