@@ -23,6 +23,13 @@ Tolerances, and why:
 - UNet outputs: ``rtol=atol=1e-5`` on O(1) outputs of a ~20-layer float32 network whose
   convolution/attention kernels may sum in a different order than the reference's einsum.
 - Loss-second-moment weights: float64, ``rtol=1e-12``.
+
+Across CPUs: torch picks its vectorised ``tanh``/``sin``/``exp`` kernels by CPU (AVX-512, AVX2,
+...), and they differ by an ulp, like NumPy's ``log``. So the stand-ins' fingerprints are compared
+to within 2 ulp of their O(1) outputs (``STANDIN``), the timestep embedding to within one ulp of its
+largest argument (``t * freq`` reaches 999, where a float32 ulp is 6e-5, and one ulp of a frequency
+moves it by as much), and a ``RESCALED_KL`` loss, the KL times ``num_timesteps``, with ``F32``'s
+``atol`` times ``num_timesteps``: the same cancellation error of the unscaled KL, scaled.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ CASES: list[dict[str, Any]] = META["cases"]
 F32 = {"rtol": 1e-5, "atol": 1e-6}
 DECODER = {"rtol": 1e-3, "atol": 1e-6}
 UNET = {"rtol": 1e-5, "atol": 1e-5}
+STANDIN = {"rtol": 0.0, "atol": 2.0**-22}  # 2 ulp of values in [1, 2)
 EXACT = {"exact": True}
 
 pytestmark = pytest.mark.unit
@@ -276,7 +284,10 @@ def decoder_tolerant(
         f"[{case['name']}] {name}: shape {act.shape} != {expected.shape}"
     )
     is_t0 = to_numpy(t) == 0
-    assert_close(case["name"], f"{name}[t!=0]", act[~is_t0], expected[~is_t0], F32)
+    spec = case["spec"]
+    scale = spec["T"] if spec["loss"] == "RESCALED_KL" and name == "loss" else 1
+    tol = {"rtol": F32["rtol"], "atol": F32["atol"] * scale}
+    assert_close(case["name"], f"{name}[t!=0]", act[~is_t0], expected[~is_t0], tol)
     assert_close(case["name"], f"{name}[t==0] (decoder NLL)", act[is_t0], expected[is_t0], DECODER)
 
 
@@ -463,7 +474,13 @@ def run_ddim_sample_cond(case: dict[str, Any]) -> None:
 
 
 def run_timestep_embedding(case: dict[str, Any]) -> None:
-    check_outputs(case, {"emb": core().timestep_embedding(tensor(case["timesteps"]), case["dim"])})
+    timesteps = tensor(case["timesteps"])
+    atol = float(np.spacing(np.float32(timesteps.max())))  # one ulp of the largest argument
+    check_outputs(
+        case,
+        {"emb": core().timestep_embedding(timesteps, case["dim"])},
+        {"emb": {"rtol": F32["rtol"], "atol": max(atol, F32["atol"])}},
+    )
 
 
 def run_loss_second_moment(case: dict[str, Any]) -> None:
@@ -548,11 +565,13 @@ RUNNERS: dict[str, Callable[[dict[str, Any]], None]] = {
 def test_shared_standins_match_fixture() -> None:
     """The fake model, cond_fn and weight generator here are the ones the fixture was made with."""
     x, t = tensor("in/x_start"), tensor("in/t_1000")
-    assert torch.equal(fake_model(True)(x, t), tensor("fingerprint/fake_model_sigma"))
-    assert torch.equal(
-        fake_model(False)(x, t.float() * 0.37), tensor("fingerprint/fake_model_plain")
-    )
-    assert torch.equal(cond_fn(x, t), tensor("fingerprint/cond_fn"))
+    fingerprints = {
+        "fake_model_sigma": fake_model(True)(x, t),
+        "fake_model_plain": fake_model(False)(x, t.float() * 0.37),
+        "cond_fn": cond_fn(x, t),
+    }
+    for name, actual in fingerprints.items():
+        assert_close("stand-ins", name, actual, ARRAYS[f"fingerprint/{name}"], STANDIN)
     sd = deterministic_weights([("a.weight", (4, 3, 3, 3)), ("a.bias", (4,)), ("n.weight", (4,))])
     assert torch.equal(torch.cat([v.flatten() for v in sd.values()]), tensor("fingerprint/weights"))
 
