@@ -31,16 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raydiff.config import (
-    ExperimentConfig,
-    override_text,
-    read_config,
-    resolve_config_path,
-)
+from raydiff.config import ExperimentConfig, override_text, resolve_config_path
 from raydiff.config.presets import FAMILY_PREFIX, read_yaml_mapping, shipped_file
+from raydiff.config.resolve import resolve_config
 from raydiff.data.prepare import PrepareOptions
 from raydiff.errors import UserInputError
-from raydiff.train.preflight import config_for_data, existing_manifest, fit_to_data
 from raydiff.train.tasks import task_spec
 
 TRAINING_STAGES = ("base", "classifier", "upsampler", "evaluator")
@@ -371,13 +366,7 @@ def _stage_config(stage: str, source: str, overrides: list[str]) -> ExperimentCo
     """The stage's config as ``raydiff train`` builds it (fitted to its data where the data is
     prepared already); a refusal names the stage."""
     try:
-        data = read_config(source, overrides)
-        manifest = existing_manifest(data)
-        config = config_for_data(data, manifest)
-        if manifest is None:
-            return config
-        keep_classes = "num_classes" in data.get("model", {})
-        return fit_to_data(config, manifest, keep_channels=False, keep_classes=keep_classes)
+        return resolve_config(source, overrides=overrides)[0]
     except (UserInputError, FileNotFoundError) as err:
         raise UserInputError(f"stage {stage}: {err}") from None
 

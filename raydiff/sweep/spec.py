@@ -39,15 +39,15 @@ from raydiff.config import (
     field_type,
     load_config,
     override_text,
-    read_config,
     resolve_config_path,
     resolve_field,
 )
 from raydiff.config.presets import read_yaml_mapping, shipped_file
+from raydiff.config.resolve import resolve_config
 from raydiff.data.manifest import Manifest
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.seeding import derive_seed
-from raydiff.train.preflight import check_run, config_for_data, existing_manifest, fit_to_data
+from raydiff.train.preflight import check_run
 
 if TYPE_CHECKING:
     from raydiff.train.task import TaskSpec
@@ -333,9 +333,10 @@ def load_sweep(
 
     Refuses, before any trial could start: unknown fields, malformed distributions, a field both
     set and swept, and any combination of values (bounds for ranges) that is not a valid
-    training config (e.g. a batch that does not split over the workers). ``manifest_for``
-    (data_dir -> the dataset's manifest) fits the base config to the data, as ``raydiff train``
-    does, and checks every trial against it too.
+    training config (e.g. a batch that does not split over the workers). The base config is
+    built as ``raydiff train`` builds it (:func:`~raydiff.config.resolve.resolve_config`:
+    fitted to its dataset, the one prepared already or ``manifest_for(data_dir)``'s), and every
+    trial is checked against that dataset too.
     """
     base_dir = Path.cwd()
     if isinstance(path_or_data, Mapping):
@@ -361,18 +362,7 @@ def load_sweep(
         raise _fail("search_space", twice, "names one field twice")
     base = _base_path(sweep.base, base_dir)
     raw_base_config = load_config(base)
-    # The image size against the data before the model's own checks (which would name a
-    # consequence of a wrong size), as `raydiff train` does.
-    base_data = read_config(base, set_items)
-    base_config = config_for_data(base_data, existing_manifest(base_data))
-    manifest = manifest_for(base_config.data.data_dir) if manifest_for else None
-    if manifest is not None:
-        base_config = fit_to_data(
-            base_config,
-            manifest,
-            keep_channels="model.in_channels" in set_fields,
-            keep_classes="num_classes" in base_data.get("model", {}),
-        )
+    base_config, manifest = resolve_config(base, overrides=set_items, manifest_for=manifest_for)
     sweep = with_objective(sweep, base_config.train.task)
     loaded = LoadedSweep(
         sweep=sweep,

@@ -232,3 +232,19 @@ def test_a_refused_family_leaves_no_folder(tmp_path: Path, capsys: pytest.Captur
     assert main(["family", str(file), "--output", str(tmp_path / "out")]) == 1
     assert "stage upsampler: super_res.small_size=4 is invalid" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_stage_that_sets_channels_unlike_its_data_is_refused_before_anything_starts(
+    tmp_path: Path, tiny_prepared: Path
+) -> None:
+    """A stage's config is built as ``raydiff train`` builds it: ``in_channels`` set by the
+    stage's ``set`` is kept, so greyscale data refuses an RGB model here, not when the stage's
+    own training starts (a preset's channels follow the data, as for ``raydiff train``)."""
+    data = {"data_dir": str(tiny_prepared), "image_size": 8}
+    classifier = {"set": {**data, "num_classes": 3}}
+    follows = load_family(str(family_file(tmp_path, classifier=classifier)))
+    assert follows.stages["classifier"].config.model.in_channels == 1
+    rgb = {"set": {**data, "num_classes": 3, "in_channels": 3}}
+    message = "stage classifier: model.in_channels=3 is invalid: the dataset"
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        load_family(str(family_file(tmp_path, classifier=rgb)))
