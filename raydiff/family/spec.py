@@ -25,17 +25,24 @@ and the field.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raydiff.config import ExperimentConfig, override_text, resolve_config_path
+from raydiff.config import (
+    ExperimentConfig,
+    TrackingConfig,
+    field_values,
+    from_dict,
+    override_text,
+    refuse_unknown,
+    resolve_config_path,
+)
 from raydiff.config.presets import FAMILY_PREFIX, read_yaml_mapping, shipped_file
 from raydiff.config.resolve import resolve_config
 from raydiff.data.prepare import PrepareOptions
-from raydiff.errors import UserInputError
+from raydiff.errors import ConfigError, UserInputError
 from raydiff.train.tasks import task_spec
 
 TRAINING_STAGES = ("base", "classifier", "upsampler", "evaluator")
@@ -201,8 +208,8 @@ def load_family(
         source=str(file),
         datasets=datasets,
         stages=stages,
-        sample=_block(Sampling, "sample", blocks.get("sample")),
-        evaluate=_block(Evaluation, "evaluate", blocks.get("evaluate")),
+        sample=from_dict(Sampling, blocks.get("sample") or {}, where="stage sample"),
+        evaluate=from_dict(Evaluation, blocks.get("evaluate") or {}, where="stage evaluate"),
         waiting_for_data=waiting,
     )
     check_family(family)
@@ -216,9 +223,8 @@ def _with_overrides(data: Mapping[str, Any], overrides: list[str]) -> dict[str, 
 
     known = ("datasets", "tracking", *TRAINING_STAGES, "sample", "evaluate")
     blocks = {str(key): value for key, value in data.items()}
+    refuse_unknown(blocks, known, where="family file")
     for key, value in blocks.items():
-        if key not in known:
-            raise UserInputError(f"family file: {key!r} is no stage (valid: {', '.join(known)})")
         if value is not None and not isinstance(value, Mapping):
             raise UserInputError(f"stage {key}: expected a mapping, got {value!r}")
     for item in overrides:
@@ -249,40 +255,19 @@ def _datasets(block: Any) -> dict[str, PrepareOptions]:
         raise UserInputError(f"datasets: expected a mapping of folder: options, got {block!r}")
     datasets = {}
     for out, options in block.items():
+        values = {**(options or {}), "out": str(out)}
         try:
-            datasets[str(out)] = PrepareOptions(out=str(out), **dict(options or {}))
-        except TypeError as err:
-            raise UserInputError(f"datasets: {out}: {err}") from None
-        except UserInputError as err:
+            datasets[str(out)] = from_dict(PrepareOptions, values, where=f"datasets: {out}")
+        except ConfigError as err:
             raise UserInputError(f"datasets: {out}: {err}") from None
     return datasets
-
-
-def _block(cls: type, stage: str, block: Any) -> Any:
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in block or {}:
-        if key not in names:
-            raise UserInputError(
-                f"stage {stage}: {key!r} is no option (valid: {', '.join(sorted(names))})"
-            )
-    try:
-        return cls(**dict(block or {}))
-    except TypeError as err:
-        raise UserInputError(f"stage {stage}: {err}") from None
 
 
 def _tracking(block: Any) -> list[str]:
     """The ``tracking`` block (the tracking section's fields, for every training stage) as
     ``--set`` items."""
-    from raydiff.config.tracking import TrackingConfig
-
-    names = [f.name for f in dataclasses.fields(TrackingConfig)]
-    for key in block or {}:
-        if key not in names:
-            raise UserInputError(
-                f"stage tracking: {key!r} is no tracking field (valid: {', '.join(names)})"
-            )
-    return [f"tracking.{item}" for item in _items("tracking", "tracking", block)]
+    values = field_values(TrackingConfig, block or {}, where="stage tracking")
+    return [f"tracking.{name}={override_text(value)}" for name, value in values.items()]
 
 
 def _training_stage(
@@ -295,11 +280,7 @@ def _training_stage(
 ) -> TrainingStage:
     """Stage ``name`` built from its block: its config read with its overrides, as ``raydiff
     train`` reads it, fitted to its data where that exists, and checked against its role."""
-    unknown = set(block) - {"config", "set", "resources"}
-    if unknown:
-        raise UserInputError(
-            f"stage {name}: {sorted(unknown)[0]!r} is no key (valid: config, set, resources)"
-        )
+    refuse_unknown(block, ("config", "set", "resources"), where=f"stage {name}")
     source = _config_source(name, block.get("config"), base_dir=base_dir)
     overrides = [
         *tracking,
@@ -353,12 +334,7 @@ def _items(stage: str, key: str, values: Any) -> list[str]:
 
 
 def _resources(stage: str, values: Any) -> list[str]:
-    for name in values or {}:
-        if name not in RESOURCES:
-            raise UserInputError(
-                f"stage {stage}: resources: {name!r} is not a resource (valid: "
-                f"{', '.join(RESOURCES)})"
-            )
+    refuse_unknown(values or {}, RESOURCES, where=f"stage {stage}: resources")
     return [f"scaling.{item}" for item in _items(stage, "resources", values)]
 
 

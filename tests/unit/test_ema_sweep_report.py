@@ -153,10 +153,10 @@ def test_a_sweep_file_gives_the_options_and_typed_flags_win(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("run: r\nsigma: 0.1\n", "'sigma' is no option (valid: bpd_respacing, evaluate,"),
-        ("run: r\nsigma_rel: 0.1\nnum_samples: many\n", "num_samples: expected int, got 'many'"),
-        ("run: r\nsigma_rel: 0.1\nnum_workers: true\n", "num_workers: expected int, got True"),
-        ("run: r\nsigma_rel: {a: 1}\n", "sigma_rel: expected text or a list of numbers"),
+        ("run: r\nsigma: 0.1\n", "ema.yaml: unknown key 'sigma' (valid: config, run, sigma_rel,"),
+        ("run: r\nsigma_rel: 0.1\nnum_samples: many\n", "ema.num_samples='many' is invalid"),
+        ("run: r\nsigma_rel: 0.1\nnum_workers: true\n", "ema.num_workers=True is invalid"),
+        ("run: r\nsigma_rel: {a: 1}\n", "ema.sigma_rel=\"{'a': 1}\" is invalid: expected lengths"),
         ("- run\n", "must hold a mapping of options"),
         ("run: [\n", "is not valid YAML"),
     ],
