@@ -36,7 +36,8 @@ import numpy as np
 from raydiff.config import ExperimentConfig
 from raydiff.config.resolve import saved_config
 from raydiff.errors import ConfigError, RunInterruptedError, UserInputError
-from raydiff.evaluate.ema_sweep_report import Ranking, SweepReport, SweepRow, write_sweep_report
+from raydiff.evaluate.ema_sweep_report import SweepReport, SweepRow, write_sweep_report
+from raydiff.results_table import Ranking
 from raydiff.storage import StoragePath, as_location, write_bytes_atomically
 from raydiff.train.ema_reconstruction import (
     EmaOptions,

@@ -47,6 +47,7 @@ from raydiff.config.presets import read_yaml_mapping, shipped_file
 from raydiff.config.resolve import resolve_config
 from raydiff.data.manifest import Manifest
 from raydiff.errors import ConfigError, UserInputError
+from raydiff.results_table import Mode, Ranking
 from raydiff.seeding import derive_seed
 from raydiff.train.preflight import check_run
 
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
 SearchKind = Literal["choice", "grid", "uniform", "loguniform", "randint"]
 SearchAlgorithm = Literal["random", "optuna"]
 SchedulerName = Literal["asha", "none"]
-Mode = Literal["min", "max"]
 
 MAX_CHECKED_TRIALS = 4096
 """Combinations checked before a sweep starts; larger spaces are checked one field at a time."""
@@ -273,6 +273,11 @@ class LoadedSweep:
         from raydiff.train.tasks import task_spec  # the tasks import torch: only when asked
 
         return task_spec(self.base_config.train.task)
+
+    @property
+    def ranking(self) -> Ranking:
+        """The objective and its direction (:func:`with_objective` gave both)."""
+        return Ranking(key=self.sweep.metric, mode=self.sweep.mode)  # type: ignore[arg-type]
 
     @property
     def max_steps(self) -> int:
