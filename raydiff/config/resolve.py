@@ -43,8 +43,14 @@ def resolve_config(
     are kept: a dataset unlike them is refused.
     """
     data = read_config(source, list(overrides))
-    manifest = existing_manifest(data)
-    config = config_for_data(data, manifest)
+    manifest = _existing_manifest(data)
+    model = data.get("model") or {}
+    if manifest is not None and isinstance(model, Mapping):  # not a mapping: from_dict says so
+        # The size before the model's own checks, which would name a consequence of a wrong
+        # size (an attention resolution or a channel_mult entry it lacks), not the size.
+        size = model.get("image_size", ModelConfig.image_size)
+        check_image_size(coerce(size, int, section="model", name="image_size"), manifest)
+    config = from_dict(ExperimentConfig, data)
     if check is not None:
         check(config)
     if manifest is None and manifest_for is not None:
@@ -56,7 +62,7 @@ def resolve_config(
         config,
         manifest,
         keep_channels=("model", "in_channels") in set_by_overrides,
-        keep_classes="num_classes" in data.get("model", {}),
+        keep_classes="num_classes" in model,
     )
     return fitted, manifest
 
@@ -67,23 +73,8 @@ def saved_config(folder: StoragePath) -> ExperimentConfig:
     return from_dict(ExperimentConfig, json.loads(text))
 
 
-def config_for_data(data: Mapping[str, Any], manifest: Manifest | None) -> ExperimentConfig:
-    """The config built from ``data`` (:func:`~raydiff.config.read_config`'s mapping), refused
-    first for an image size unlike ``manifest``'s (when the dataset exists).
-
-    The model's own checks would otherwise speak first and name a consequence of the size (an
-    attention resolution or a channel_mult entry it lacks), not the size and the one that fits.
-    """
-    model = data.get("model") or {}
-    if manifest is not None and isinstance(model, Mapping):  # not a mapping: from_dict says so
-        size = model.get("image_size", ModelConfig.image_size)
-        check_image_size(coerce(size, int, section="model", name="image_size"), manifest)
-    return from_dict(ExperimentConfig, data)
-
-
-def existing_manifest(data: Mapping[str, Any]) -> Manifest | None:
-    """The manifest of the dataset that a config mapping (:func:`~raydiff.config.read_config`'s)
-    names, or None when it is not there yet."""
+def _existing_manifest(data: Mapping[str, Any]) -> Manifest | None:
+    """The manifest of the dataset that a config mapping names, or None when it is not there."""
     from raydiff.data.config import DataConfig
 
     section = data.get("data")

@@ -37,9 +37,8 @@ from raydiff.config import (
     from_dict,
     override_text,
     refuse_unknown,
-    resolve_config_path,
 )
-from raydiff.config.presets import FAMILY_PREFIX, read_yaml_mapping, shipped_file
+from raydiff.config.presets import FAMILY_PREFIX, config_source, read_yaml_mapping, shipped_file
 from raydiff.config.resolve import resolve_config
 from raydiff.data.prepare import PrepareOptions
 from raydiff.errors import ConfigError, UserInputError
@@ -315,14 +314,10 @@ def _config_source(stage: str, given: Any, *, base_dir: Path) -> str:
             f"stage {stage}: config: missing: name a preset or config file (e.g. config: "
             f"{ROLES[stage].example})"
         )
-    beside = base_dir / given
-    if not Path(given).is_file() and beside.is_file():
-        return str(beside)
     try:
-        resolve_config_path(given)
+        return config_source(given, beside=base_dir)
     except FileNotFoundError as err:
         raise UserInputError(f"stage {stage}: {err}") from None
-    return given
 
 
 def _items(stage: str, key: str, values: Any) -> list[str]:

@@ -40,10 +40,9 @@ from raydiff.config import (
     from_dict,
     load_config,
     override_text,
-    resolve_config_path,
     resolve_field,
 )
-from raydiff.config.presets import read_yaml_mapping, shipped_file
+from raydiff.config.presets import config_source, read_yaml_mapping, shipped_file
 from raydiff.config.resolve import resolve_config
 from raydiff.data.manifest import Manifest
 from raydiff.errors import ConfigError, UserInputError
@@ -341,7 +340,7 @@ def load_sweep(
     if len(set(fields)) != len(fields):
         twice = next(f for f in fields if fields.count(f) > 1)
         raise _fail("search_space", twice, "names one field twice")
-    base = _base_path(sweep.base, base_dir)
+    base = config_source(sweep.base, beside=base_dir)
     raw_base_config = load_config(base)
     base_config, manifest = resolve_config(base, overrides=set_items, manifest_for=manifest_for)
     sweep = with_objective(sweep, base_config.train.task)
@@ -361,15 +360,6 @@ def load_sweep(
 def _sweep_path(path_or_name: str) -> Path:
     """A sweep file's path, or a shipped one's by name (``sweep_demo``)."""
     return shipped_file(path_or_name, prefix=SWEEP_PREFIX, kind="sweep")
-
-
-def _base_path(base: str, base_dir: Path) -> str:
-    """A base given as a file next to the sweep file is found there; presets by name."""
-    beside = base_dir / base
-    if not Path(base).is_file() and beside.is_file():
-        return str(beside)
-    resolve_config_path(base)  # a clear error when it is neither
-    return base
 
 
 def check_trials(loaded: LoadedSweep, *, manifest: Manifest | None = None) -> None:
