@@ -71,11 +71,10 @@ def field_values(cls: type, data: Any, *, where: str = "") -> dict[str, Any]:
     each value converted by its field's type (:func:`coerce`; a refusal is a ConfigError of the
     class's ``section``, else of ``where``), a dataclass-typed field read by :func:`from_dict`
     (its ``where``: ``where.field``; a config's sections: the section's name)."""
+    shown = where or "config"
     if not isinstance(data, Mapping):
-        shown = where or "config"
         raise UserInputError(f"{shown}: expected a mapping of fields, got {type(data).__name__}")
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
-    refuse_unknown(data, names, where=where or "config")
+    refuse_unknown(data, [f.name for f in dataclasses.fields(cls) if f.init], where=shown)
     hints = typing.get_type_hints(cls)
     section = getattr(cls, "section", where)
     return {
