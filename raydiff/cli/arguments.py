@@ -61,9 +61,13 @@ def options_from_args(
     kwargs = {}
     for f in _flag_fields(options_type):
         value = getattr(args, f.name)
+        convert = f.metadata["from_arg"]
         if file_values and f.name in file_values and value == _argument_default(f):
             value = file_values[f.name]
-        convert = f.metadata["from_arg"]
+            if convert is not None:  # the flag's text: a list is comma-separated values
+                from raydiff.config import override_text
+
+                value = override_text(value)
         if convert is not None:
             try:
                 value = convert(value)
@@ -78,53 +82,17 @@ def options_from_args(
 
 def read_options_file(path: str, options_type: type) -> dict[str, Any]:
     """A YAML file of ``options_type``'s options, keyed by field name (``sigma_rel``, or its
-    flag's name, ``sigma-rel``), each value of its field's type; a list of numbers stands for
-    the comma-separated text its flag takes. Unknown keys and values of the wrong type are
-    refused, naming the file, the key and what is valid."""
+    flag's name, ``sigma-rel``), read as every file is (:func:`~raydiff.config.field_values`);
+    an option its flag converts takes the flag's text, or a list of comma-separated values."""
+    from raydiff.config import field_values
     from raydiff.config.presets import read_yaml_mapping
 
     file = Path(path)
     if not file.is_file():
         raise UserInputError(f"--config {path}: no such file")
     data = read_yaml_mapping(file, what=f"--config {path}", holds="options")
-    # Every option but the file's own flag, which a file does not name.
-    fields = {f.name: f for f in _flag_fields(options_type) if f.name != "config"}
-    hints = typing.get_type_hints(options_type)
-    values = {}
-    for key, value in data.items():
-        name = str(key).replace("-", "_")
-        if name not in fields:
-            raise UserInputError(
-                f"--config {path}: {key!r} is no option (valid: {', '.join(sorted(fields))})"
-            )
-        values[name] = _file_value(value, fields[name], hints[name], where=f"--config {path}")
-    return values
-
-
-def _file_value(value: Any, f: dataclasses.Field[Any], hint: Any, *, where: str) -> Any:
-    """A file's value as its flag's parsed argument would be."""
-    if f.metadata["from_arg"] is not None:
-        if isinstance(value, list) and all(isinstance(v, int | float) for v in value):
-            return ",".join(str(v) for v in value)
-        if isinstance(value, str | int | float) and not isinstance(value, bool):
-            return str(value)
-        raise UserInputError(
-            f"{where}: {f.name}: expected text or a list of numbers, got {value!r}"
-        )
-    kind = _without_none(hint)
-    if value is None and kind is not hint:
-        return None
-    if get_origin(kind) is Literal:
-        if value in get_args(kind):
-            return value
-        raise UserInputError(f"{where}: {f.name}: {value!r} is not one of {get_args(kind)}")
-    expected = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}.get(kind)
-    wrong_bool = isinstance(value, bool) and kind is not bool  # YAML's true is an int too
-    if expected is None or (isinstance(value, expected) and not wrong_bool):
-        return value
-    raise UserInputError(
-        f"{where}: {f.name}: expected {kind.__name__}, got {value!r} ({type(value).__name__})"
-    )
+    named = {str(key).replace("-", "_"): value for key, value in data.items()}
+    return field_values(options_type, named, where=f"--config {path}")
 
 
 def flag_of(error: ConfigError, args: argparse.Namespace) -> str | None:

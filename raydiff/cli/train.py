@@ -143,34 +143,32 @@ def checked_config(
     whole run). Everything the config decides is checked before any side effect: the embedded
     dataset is prepared only for a config that passed. ``task``: the ``train.task`` the config
     must have (None: any)."""
-    from raydiff.config import read_config
-    from raydiff.train.preflight import config_for_data, existing_manifest, fit_to_data
+    from raydiff.config.resolve import resolve_config
+
+    def check(config: ExperimentConfig) -> None:
+        if task is not None and config.train.task != task:
+            raise UserInputError(
+                f"--config {options.config} trains train.task={config.train.task!r}, not "
+                f"{task!r}: give a {task} config (or --set train.task={task})"
+            )
+        if options.single_process and config.evaluation.every_checkpoint:
+            raise UserInputError(
+                "evaluation.every_checkpoint needs Ray (an evaluation actor beside the "
+                "training): drop --single-process, or evaluate checkpoints afterwards with "
+                "raydiff evaluate"
+            )
+        # One process trains the whole batch: scaling.num_workers does not apply to it.
+        if options.single_process:
+            config.train.per_worker_batch(1)
+        else:
+            config.train.check_worker_sizes(config.scaling.worker_sizes)
 
     overrides = [*options.overrides, *set_by_flags(options)]
-    data = read_config(options.config, overrides)
-    given_task = data.get("train", {}).get("task", "diffusion")
-    if task is not None and given_task != task:
-        raise UserInputError(
-            f"--config {options.config} trains train.task={given_task!r}, not {task!r}: "
-            f"give a {task} config (or --set train.task={task})"
-        )
-    manifest = existing_manifest(data)  # the demo's is prepared below; any other refused there
-    config = config_for_data(data, manifest)
-    if options.single_process and config.evaluation.every_checkpoint:
-        raise UserInputError(
-            "evaluation.every_checkpoint needs Ray (an evaluation actor beside the training): "
-            "drop --single-process, or evaluate checkpoints afterwards with raydiff evaluate"
-        )
-    # One process trains the whole batch: scaling.num_workers does not apply to it.
-    if options.single_process:
-        config.train.per_worker_batch(1)
-    else:
-        config.train.check_worker_sizes(config.scaling.worker_sizes)
-    manifest = manifest or manifest_preparing_demo(config.data.data_dir)
-    keep_channels = sets_field(overrides, "in_channels")
-    keep_classes = "num_classes" in data.get("model", {})  # the preset, file or --set gives it
-    fitted = fit_to_data(config, manifest, keep_channels=keep_channels, keep_classes=keep_classes)
-    return fitted, manifest
+    config, manifest = resolve_config(
+        options.config, overrides=overrides, check=check, manifest_for=manifest_preparing_demo
+    )
+    assert manifest is not None  # manifest_preparing_demo gives one or raises
+    return config, manifest
 
 
 def manifest_preparing_demo(data_dir: str) -> Manifest:
@@ -189,11 +187,6 @@ def manifest_preparing_demo(data_dir: str) -> Manifest:
         # removes its temporary folder on the way out.
         print(prepare_dataset(PrepareOptions(source="fashion-mnist", out=data_dir)).format())
     return load_manifest(data_dir)
-
-
-def sets_field(overrides: list[str], name: str) -> bool:
-    """Whether a ``--set`` override names field ``name`` (bare or as section.field)."""
-    return any(item.partition("=")[0].strip().rpartition(".")[2] == name for item in overrides)
 
 
 def format_result(metrics: dict[str, Any], *, task: str) -> str:

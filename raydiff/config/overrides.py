@@ -16,7 +16,7 @@ import dataclasses
 import difflib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from raydiff.config.experiment import DATA_FIELDS_DERIVED, ExperimentConfig, derive_sections
@@ -46,33 +46,51 @@ def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-def from_dict(cls: type[ConfigT], data: Mapping[str, Any], *, path: str = "") -> ConfigT:
-    """Build ``cls`` from a nested dict, refusing unknown keys with the list of valid ones.
+def from_dict(cls: type[ConfigT], data: Any, *, where: str = "") -> ConfigT:
+    """``cls`` built from a mapping: the one reader of every file raydiff reads (a config and its
+    sections, a sweep file, a family file's blocks, ``raydiff ema --config``).
 
-    ``path`` is the section name used in error messages (``model``, ``train``, ...). An
+    ``where`` names the mapping in refusals (``model``, ``sweep``, ``stage sample``; a config's
+    top level: ``config``). Values are checked and converted as :func:`field_values` says. An
     :class:`ExperimentConfig` gets the fields that follow other sections derived
     (:func:`~raydiff.config.experiment.derive_sections`).
     """
-    section = path or cls.__name__
+    values = field_values(cls, data, where=where)
+    if cls is ExperimentConfig:
+        hints = typing.get_type_hints(cls)
+        sections = {
+            f.name: values[f.name] if f.name in values else hints[f.name]()
+            for f in dataclasses.fields(cls)
+        }
+        values = derive_sections(sections, data.get("data", {}))
+    return cls(**values)
+
+
+def field_values(cls: type, data: Any, *, where: str = "") -> dict[str, Any]:
+    """The values ``data`` gives ``cls``'s fields: unknown keys refused (:func:`refuse_unknown`),
+    each value converted by its field's type (:func:`coerce`; a refusal is a ConfigError of the
+    class's ``section``, else of ``where``), a dataclass-typed field read by :func:`from_dict`
+    (its ``where``: ``where.field``; a config's sections: the section's name)."""
+    shown = where or "config"
     if not isinstance(data, Mapping):
-        raise UserInputError(f"{section} expects a mapping of fields, got {type(data).__name__}")
+        raise UserInputError(f"{shown}: expected a mapping of fields, got {type(data).__name__}")
+    refuse_unknown(data, [f.name for f in dataclasses.fields(cls) if f.init], where=shown)
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise UserInputError(
-            f"unknown {section} field(s) {unknown}; valid fields: {', '.join(names)}"
-        )
-    kwargs = {
-        name: from_dict(hints[name], value, path=name)
+    section = getattr(cls, "section", where)
+    return {
+        name: from_dict(hints[name], value, where=f"{where}.{name}" if where else name)
         if dataclasses.is_dataclass(hints[name])
         else coerce(value, hints[name], section=section, name=name)
         for name, value in data.items()
     }
-    if cls is ExperimentConfig:
-        sections = {name: kwargs[name] if name in kwargs else hints[name]() for name in names}
-        kwargs = derive_sections(sections, data.get("data", {}))
-    return cls(**kwargs)
+
+
+def refuse_unknown(keys: Iterable[Any], valid: Sequence[str], *, where: str) -> None:
+    """Refuse the first of ``keys`` that is not ``valid``, in the words every file raydiff
+    reads uses: ``where: unknown key 'K' (valid: ...)``."""
+    unknown = [key for key in keys if key not in valid]
+    if unknown:
+        raise UserInputError(f"{where}: unknown key {unknown[0]!r} (valid: {', '.join(valid)})")
 
 
 def coerce(value: Any, hint: Any, *, section: str, name: str) -> Any:

@@ -40,6 +40,17 @@ def resolve_config_path(path_or_preset: str) -> Path:
     )
 
 
+def config_source(path_or_preset: str, *, beside: Path) -> str:
+    """A config as a sweep or family file names it, as ``--config`` takes it: a file relative to
+    that file's folder ``beside`` by its path there, else as given (a FileNotFoundError naming
+    the presets when it is neither a file nor a preset)."""
+    near = beside / path_or_preset
+    if not Path(path_or_preset).is_file() and near.is_file():
+        return str(near)
+    resolve_config_path(path_or_preset)
+    return path_or_preset
+
+
 def shipped_file(path_or_name: str, *, prefix: str, kind: str) -> Path:
     """A file's path, or a shipped ``PREFIX*.yaml`` one's by name (``sweep_demo``,
     ``family_demo``); ``kind`` names what it is in the refusal (``sweep``)."""

@@ -9,15 +9,11 @@ The best row by the ranking metric is marked and named.
 
 from __future__ import annotations
 
-import csv
 import io
-import math
 from dataclasses import dataclass, field
-from typing import Literal
 
+from raydiff.results_table import Ranking, cell, csv_text, finite, text_table
 from raydiff.storage import StoragePath, write_bytes_atomically, write_text_atomically
-
-Mode = Literal["min", "max"]
 
 CSV_NAME = "sweep.csv"
 PLOT_NAME = "sweep.png"
@@ -42,14 +38,6 @@ class SweepRow:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Ranking:
-    """The metric the sweep ranks by, and which way is better."""
-
-    key: str
-    mode: Mode
-
-
-@dataclass(frozen=True, kw_only=True)
 class SweepReport:
     """What was written, and the best weights (None when no row has a finite ranking value)."""
 
@@ -59,49 +47,36 @@ class SweepReport:
     best: SweepRow | None
 
 
-def best_row(rows: list[SweepRow], ranking: Ranking) -> SweepRow | None:
-    """The row with the best finite ranking value (the first of equals)."""
-    scored = [r for r in rows if _finite(r.metrics.get(ranking.key))]
-    if not scored:
-        return None
-    sign = 1.0 if ranking.mode == "min" else -1.0
-    return min(scored, key=lambda r: sign * float(r.metrics[ranking.key]))  # type: ignore[arg-type]
-
-
 def metric_columns(rows: list[SweepRow]) -> list[str]:
     """Every metric some row has, in the order they first appear."""
     return list(dict.fromkeys(key for row in rows for key in row.metrics))
 
 
-def csv_text(rows: list[SweepRow], ranking: Ranking) -> str:
+def sweep_csv(rows: list[SweepRow], ranking: Ranking) -> str:
     """One line per row, full precision (empty cells for missing values); ``best`` is 1 on the
     best row."""
-    best = best_row(rows, ranking)
+    best = ranking.best(rows)
     columns = metric_columns(rows)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["weights", "sigma_rel", "rate", *columns, "reconstruction_error", "best"])
-    for row in rows:
-        values = [row.metrics.get(c) for c in columns]
-        writer.writerow(
-            [
-                row.name,
-                repr(row.sigma_rel),
-                "" if row.rate is None else repr(row.rate),
-                *("" if v is None else repr(float(v)) for v in values),
-                "" if row.error is None else repr(row.error),
-                int(row is best),
-            ]
-        )
-    return buffer.getvalue()
+    header = ["weights", "sigma_rel", "rate", *columns, "reconstruction_error", "best"]
+    lines = (
+        [
+            row.name,
+            row.sigma_rel,
+            row.rate,
+            *(None if row.metrics.get(c) is None else float(row.metrics[c]) for c in columns),
+            row.error,
+            int(row is best),
+        ]
+        for row in rows
+    )
+    return csv_text(header, lines)
 
 
 def format_table(rows: list[SweepRow], ranking: Ranking) -> str:
     """The rows as an aligned text table, the best marked ``*``, and a line naming it."""
-    best = best_row(rows, ranking)
+    best = ranking.best(rows)
     columns = metric_columns(rows)
-    header = ["", "weights", "sigma_rel", "rate", *columns, "recon_error"]
-    lines = [header]
+    lines = [["", "weights", "sigma_rel", "rate", *columns, "recon_error"]]
     for row in rows:
         lines.append(
             [
@@ -109,23 +84,18 @@ def format_table(rows: list[SweepRow], ranking: Ranking) -> str:
                 row.name,
                 f"{row.sigma_rel:.4f}",
                 "" if row.rate is None else f"{row.rate:g}",
-                *(_cell(row.metrics.get(c)) for c in columns),
+                *(cell(row.metrics.get(c)) for c in columns),
                 "" if row.error is None else f"{row.error:.1e}",
             ]
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = [
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in lines
-    ]
-    better = "lower" if ranking.mode == "min" else "higher"
+    text = text_table(lines)
     if best is None:
         text.append(f"best: none (no weights has a finite {ranking.key})")
     else:
-        value = _cell(best.metrics[ranking.key])
+        value = cell(best.metrics[ranking.key])
         text.append(
             f"best: {best.name} (sigma_rel {best.sigma_rel:.4f}), {ranking.key} {value} "
-            f"({better} is better)"
+            f"({ranking.better} is better)"
         )
     return "\n".join(text)
 
@@ -141,15 +111,15 @@ def plot_png(rows: list[SweepRow], ranking: Ranking, *, title: str) -> bytes:
     FigureCanvasAgg(figure)  # the Agg canvas: no display, no global pyplot state
     axes = figure.add_subplot()
     points = [(r, r.metrics.get(ranking.key)) for r in rows]
-    lengths = sorted((r.sigma_rel, float(v)) for r, v in points if not r.fixed and _finite(v))
+    lengths = sorted((r.sigma_rel, float(v)) for r, v in points if not r.fixed and finite(v))
     if lengths:
         axes.plot(*zip(*lengths, strict=True), marker="o", label="post-hoc EMA (reconstructed)")
-    fixed = [(row, value) for row, value in points if row.fixed and _finite(value)]
+    fixed = [(row, value) for row, value in points if row.fixed and finite(value)]
     for index, (row, value) in enumerate(fixed):
         label = "fixed-rate EMA (its length at the step)" if index == 0 else None
         axes.scatter([row.sigma_rel], [value], marker="s", color="tab:red", zorder=3, label=label)
         axes.annotate(row.name, (row.sigma_rel, value), textcoords="offset points", xytext=(5, 5))
-    best = best_row(rows, ranking)
+    best = ranking.best(rows)
     if best is not None:
         axes.scatter(
             [best.sigma_rel],
@@ -161,7 +131,7 @@ def plot_png(rows: list[SweepRow], ranking: Ranking, *, title: str) -> bytes:
             label=f"best: {best.name}",
         )
     axes.set_xlabel("sigma_rel (EMA length relative to training time)")
-    axes.set_ylabel(f"{ranking.key} ({'lower' if ranking.mode == 'min' else 'higher'} is better)")
+    axes.set_ylabel(f"{ranking.key} ({ranking.better} is better)")
     axes.set_title(title)
     axes.grid(alpha=0.3)
     if lengths or fixed or best is not None:
@@ -179,19 +149,11 @@ def write_sweep_report(
     folder.mkdir(parents=True, exist_ok=True)
     csv_path = folder / CSV_NAME
     plot_path = folder / PLOT_NAME
-    write_text_atomically(csv_path, csv_text(rows, ranking))
+    write_text_atomically(csv_path, sweep_csv(rows, ranking))
     write_bytes_atomically(plot_path, plot_png(rows, ranking, title=title))
     return SweepReport(
         table=format_table(rows, ranking),
         csv=csv_path,
         plot=plot_path,
-        best=best_row(rows, ranking),
+        best=ranking.best(rows),
     )
-
-
-def _finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)
-
-
-def _cell(value: float | None) -> str:
-    return "" if value is None else f"{value:.4g}"

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from raydiff.family.spec import Family
+from raydiff.results_table import cell, csv_text
 from raydiff.storage import write_bytes_atomically
 from raydiff.train.checkpoint import latest_checkpoint, read_metrics
 from raydiff.train.tasks import task_spec
@@ -188,12 +189,6 @@ def model_metrics(family: Family, *, out: Path) -> dict[str, dict[str, Any]]:
     return models
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
 def report_markdown(report: dict[str, Any]) -> str:
     """``report.md``: the models' table, then the samples' table."""
     keys = sorted({k for m in report["models"].values() for k in m} - {"checkpoint", "step"})
@@ -204,9 +199,9 @@ def report_markdown(report: dict[str, Any]) -> str:
         "|---|---:|" + "---:|" * len(keys) + "---|",
     ]
     for name, model in report["models"].items():
-        cells = [_cell(model.get(k)) for k in keys]
+        cells = [cell(model.get(k)) for k in keys]
         lines.append(
-            f"| {name} | {_cell(model['step'])} | {' | '.join(cells)} | {model['checkpoint']} |"
+            f"| {name} | {cell(model['step'])} | {' | '.join(cells)} | {model['checkpoint']} |"
         )
     lines += [
         "",
@@ -216,21 +211,14 @@ def report_markdown(report: dict[str, Any]) -> str:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for row in report["samples"]:
-        figures = [_cell(row[k]) for k in ("fd", "precision", "recall", "accuracy", "num_samples")]
+        figures = [cell(row[k]) for k in ("fd", "precision", "recall", "accuracy", "num_samples")]
         lines.append(f"| {row['name']} | {row['description']} | {' | '.join(figures)} |")
     return "\n".join(lines) + "\n"
 
 
 def samples_csv(rows: list[dict[str, Any]]) -> str:
     """``report.csv``: the samples' table (what a tracking backend keeps of the report)."""
-    import csv
-    import io
-
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return text.getvalue()
+    return csv_text(list(rows[0]), [list(row.values()) for row in rows])
 
 
 def write_report_grid(family: Family, *, out: Path, samples: Path) -> Path:

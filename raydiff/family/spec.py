@@ -25,7 +25,6 @@ and the field.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,14 +32,16 @@ from typing import Any
 
 from raydiff.config import (
     ExperimentConfig,
+    TrackingConfig,
+    field_values,
+    from_dict,
     override_text,
-    read_config,
-    resolve_config_path,
+    refuse_unknown,
 )
-from raydiff.config.presets import FAMILY_PREFIX, read_yaml_mapping, shipped_file
+from raydiff.config.presets import FAMILY_PREFIX, config_source, read_yaml_mapping, shipped_file
+from raydiff.config.resolve import resolve_config
 from raydiff.data.prepare import PrepareOptions
-from raydiff.errors import UserInputError
-from raydiff.train.preflight import config_for_data, existing_manifest, fit_to_data
+from raydiff.errors import ConfigError, UserInputError
 from raydiff.train.tasks import task_spec
 
 TRAINING_STAGES = ("base", "classifier", "upsampler", "evaluator")
@@ -206,8 +207,8 @@ def load_family(
         source=str(file),
         datasets=datasets,
         stages=stages,
-        sample=_block(Sampling, "sample", blocks.get("sample")),
-        evaluate=_block(Evaluation, "evaluate", blocks.get("evaluate")),
+        sample=from_dict(Sampling, blocks.get("sample") or {}, where="stage sample"),
+        evaluate=from_dict(Evaluation, blocks.get("evaluate") or {}, where="stage evaluate"),
         waiting_for_data=waiting,
     )
     check_family(family)
@@ -221,9 +222,8 @@ def _with_overrides(data: Mapping[str, Any], overrides: list[str]) -> dict[str, 
 
     known = ("datasets", "tracking", *TRAINING_STAGES, "sample", "evaluate")
     blocks = {str(key): value for key, value in data.items()}
+    refuse_unknown(blocks, known, where="family file")
     for key, value in blocks.items():
-        if key not in known:
-            raise UserInputError(f"family file: {key!r} is no stage (valid: {', '.join(known)})")
         if value is not None and not isinstance(value, Mapping):
             raise UserInputError(f"stage {key}: expected a mapping, got {value!r}")
     for item in overrides:
@@ -254,40 +254,19 @@ def _datasets(block: Any) -> dict[str, PrepareOptions]:
         raise UserInputError(f"datasets: expected a mapping of folder: options, got {block!r}")
     datasets = {}
     for out, options in block.items():
+        values = {**(options or {}), "out": str(out)}
         try:
-            datasets[str(out)] = PrepareOptions(out=str(out), **dict(options or {}))
-        except TypeError as err:
-            raise UserInputError(f"datasets: {out}: {err}") from None
-        except UserInputError as err:
+            datasets[str(out)] = from_dict(PrepareOptions, values, where=f"datasets: {out}")
+        except ConfigError as err:
             raise UserInputError(f"datasets: {out}: {err}") from None
     return datasets
-
-
-def _block(cls: type, stage: str, block: Any) -> Any:
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in block or {}:
-        if key not in names:
-            raise UserInputError(
-                f"stage {stage}: {key!r} is no option (valid: {', '.join(sorted(names))})"
-            )
-    try:
-        return cls(**dict(block or {}))
-    except TypeError as err:
-        raise UserInputError(f"stage {stage}: {err}") from None
 
 
 def _tracking(block: Any) -> list[str]:
     """The ``tracking`` block (the tracking section's fields, for every training stage) as
     ``--set`` items."""
-    from raydiff.config.tracking import TrackingConfig
-
-    names = [f.name for f in dataclasses.fields(TrackingConfig)]
-    for key in block or {}:
-        if key not in names:
-            raise UserInputError(
-                f"stage tracking: {key!r} is no tracking field (valid: {', '.join(names)})"
-            )
-    return [f"tracking.{item}" for item in _items("tracking", "tracking", block)]
+    values = field_values(TrackingConfig, block or {}, where="stage tracking")
+    return [f"tracking.{name}={override_text(value)}" for name, value in values.items()]
 
 
 def _training_stage(
@@ -300,11 +279,7 @@ def _training_stage(
 ) -> TrainingStage:
     """Stage ``name`` built from its block: its config read with its overrides, as ``raydiff
     train`` reads it, fitted to its data where that exists, and checked against its role."""
-    unknown = set(block) - {"config", "set", "resources"}
-    if unknown:
-        raise UserInputError(
-            f"stage {name}: {sorted(unknown)[0]!r} is no key (valid: config, set, resources)"
-        )
+    refuse_unknown(block, ("config", "set", "resources"), where=f"stage {name}")
     source = _config_source(name, block.get("config"), base_dir=base_dir)
     overrides = [
         *tracking,
@@ -339,14 +314,10 @@ def _config_source(stage: str, given: Any, *, base_dir: Path) -> str:
             f"stage {stage}: config: missing: name a preset or config file (e.g. config: "
             f"{ROLES[stage].example})"
         )
-    beside = base_dir / given
-    if not Path(given).is_file() and beside.is_file():
-        return str(beside)
     try:
-        resolve_config_path(given)
+        return config_source(given, beside=base_dir)
     except FileNotFoundError as err:
         raise UserInputError(f"stage {stage}: {err}") from None
-    return given
 
 
 def _items(stage: str, key: str, values: Any) -> list[str]:
@@ -358,12 +329,7 @@ def _items(stage: str, key: str, values: Any) -> list[str]:
 
 
 def _resources(stage: str, values: Any) -> list[str]:
-    for name in values or {}:
-        if name not in RESOURCES:
-            raise UserInputError(
-                f"stage {stage}: resources: {name!r} is not a resource (valid: "
-                f"{', '.join(RESOURCES)})"
-            )
+    refuse_unknown(values or {}, RESOURCES, where=f"stage {stage}: resources")
     return [f"scaling.{item}" for item in _items(stage, "resources", values)]
 
 
@@ -371,13 +337,7 @@ def _stage_config(stage: str, source: str, overrides: list[str]) -> ExperimentCo
     """The stage's config as ``raydiff train`` builds it (fitted to its data where the data is
     prepared already); a refusal names the stage."""
     try:
-        data = read_config(source, overrides)
-        manifest = existing_manifest(data)
-        config = config_for_data(data, manifest)
-        if manifest is None:
-            return config
-        keep_classes = "num_classes" in data.get("model", {})
-        return fit_to_data(config, manifest, keep_channels=False, keep_classes=keep_classes)
+        return resolve_config(source, overrides=overrides)[0]
     except (UserInputError, FileNotFoundError) as err:
         raise UserInputError(f"stage {stage}: {err}") from None
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,9 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from raydiff.config import ExperimentConfig, from_dict
+from raydiff.config import ExperimentConfig
+from raydiff.config.resolve import saved_config
 from raydiff.errors import ConfigError, RunInterruptedError, UserInputError
-from raydiff.evaluate.ema_sweep_report import Ranking, SweepReport, SweepRow, write_sweep_report
+from raydiff.evaluate.ema_sweep_report import SweepReport, SweepRow, write_sweep_report
+from raydiff.results_table import Ranking
 from raydiff.storage import StoragePath, as_location, write_bytes_atomically
 from raydiff.train.ema_reconstruction import (
     EmaOptions,
@@ -108,7 +109,7 @@ def plan_sweep(options: EmaOptions) -> SweepPlan:
     run = as_location(options.run)
     checkpoint = checkpoint_folder(run, options.step)
     step = int(checkpoint.name.removeprefix("checkpoint_"))
-    config = from_dict(ExperimentConfig, json.loads((checkpoint / "config.json").read_text()))
+    config = saved_config(checkpoint)
     spec = task_spec(config.train.task)
     _check_val_split(config)
     if spec.posthoc_sweep == "samples":

@@ -503,9 +503,8 @@ def _run(
     for row in rows:  # trials stopped by Ctrl-C never reach TrialLifecycle's clean-up
         kill_actor(sampler_actor_key(as_location(row.run_dir)))
     rows.sort(key=lambda r: r.trial)
-    metric, mode = loaded.sweep.metric, loaded.sweep.mode
     columns = [m.key for m in loaded.task.metrics if m.headline]
-    table = format_table(rows, metric=metric, mode=mode, columns=columns)
+    table = format_table(rows, loaded.ranking, columns=columns)
     outcome = SweepOutcome(
         rows=rows,
         table=table,
@@ -518,9 +517,11 @@ def _run(
     )
     if interrupted:
         return outcome
-    outcome.results_csv = write_csv(rows, out / "results.csv", metric=metric, columns=columns)
+    outcome.results_csv = write_csv(
+        rows, out / "results.csv", metric=loaded.sweep.metric, columns=columns
+    )
     finish_parent_tracking(loaded.base_config, sweep_dir=out, results_csv=outcome.results_csv)
-    best = best_row(rows, metric=metric, mode=mode)
+    best = best_row(rows, loaded.ranking)
     if best is not None:
         outcome.best_config = write_best_config(
             best, out / "best_config.yaml", command=loaded.task.train_command

@@ -14,9 +14,9 @@ from raydiff.config import (
     ExperimentConfig,
     apply_overrides,
     config_from_flags,
-    from_dict,
     load_config,
 )
+from raydiff.config.resolve import saved_config
 from raydiff.errors import UserInputError
 from raydiff.storage import StoragePath, as_location, is_local, local_copy
 from raydiff.train.checkpoint import load_model_weights, require_checkpoint_dir
@@ -141,7 +141,7 @@ def _checkpoint_weights(
 ) -> tuple[ExperimentConfig, Path]:
     """A raydiff checkpoint's config and the file of ``weights`` (default: its first EMA)."""
     checkpoint = require_checkpoint_dir(path)
-    config = from_dict(ExperimentConfig, json.loads((checkpoint / "config.json").read_text()))
+    config = saved_config(checkpoint)
     if config.train.task != task:
         raise UserInputError(
             f"{checkpoint} is a checkpoint of train.task={config.train.task!r}, not of a "

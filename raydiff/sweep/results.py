@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from raydiff.config import ExperimentConfig, from_dict, to_yaml
+from raydiff.config import ExperimentConfig, to_yaml
+from raydiff.config.resolve import saved_config
+from raydiff.results_table import Ranking, cell, csv_text, text_table
 from raydiff.storage import StoragePath, as_location, write_text_atomically
-from raydiff.sweep.spec import Mode
 
 
 @dataclass(kw_only=True)
@@ -51,19 +48,9 @@ def _error_line(lines: list[str]) -> str:
     return (meaningful[-1] if meaningful else "unknown error")[:200]
 
 
-def best_row(rows: Sequence[TrialRow], *, metric: str, mode: Mode) -> TrialRow | None:
-    """The trial with the best final ``metric`` among those that reported it (None if none)."""
-    scored = [
-        r for r in rows if _finite(r.metrics.get(metric)) and not r.status.startswith("failed")
-    ]
-    if not scored:
-        return None
-    pick = min if mode == "min" else max
-    return pick(scored, key=lambda r: r.metrics[metric])
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
+def best_row(rows: Sequence[TrialRow], ranking: Ranking) -> TrialRow | None:
+    """The trial with the best final metric among those that reported it and did not fail."""
+    return ranking.best(r for r in rows if not r.status.startswith("failed"))
 
 
 def _columns(
@@ -79,43 +66,26 @@ def _columns(
     return keys, metrics
 
 
-def format_table(
-    rows: Sequence[TrialRow], *, metric: str, mode: Mode, columns: Sequence[str]
-) -> str:
+def format_table(rows: Sequence[TrialRow], ranking: Ranking, *, columns: Sequence[str]) -> str:
     """A plain-text table: trial, every swept value, the objective and the other ``columns``
     (the task's headline metrics), steps, status; the best trial marked."""
-    keys, metrics = _columns(rows, metric, columns)
-    best = best_row(rows, metric=metric, mode=mode)
-    header = ["trial", *keys, *metrics, "steps", "status"]
-    lines = [header]
+    keys, metrics = _columns(rows, ranking.key, columns)
+    best = best_row(rows, ranking)
+    lines = [["trial", *keys, *metrics, "steps", "status"]]
     for row in rows:
-        mark = " *" if row is best else ""
         lines.append(
             [
-                row.trial.partition("_")[0] + mark,
-                *(_show(row.values.get(k)) for k in keys),
-                *(_show(row.metrics.get(m)) for m in metrics),
-                _show(row.step),
+                row.trial.partition("_")[0] + (" *" if row is best else ""),
+                *(cell(row.values.get(k)) for k in keys),
+                *(cell(row.metrics.get(m)) for m in metrics),
+                cell(row.step),
                 row.status,
             ]
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = [
-        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
-        for line in lines
-    ]
-    text.insert(1, "  ".join("-" * w for w in widths))
+    text = text_table(lines, rule=True)
     if best is not None:
-        text.append(f"* best {metric} ({mode}): {best.trial}")
+        text.append(f"* best {ranking.key} ({ranking.mode}): {best.trial}")
     return "\n".join(text)
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def write_csv(
@@ -128,33 +98,26 @@ def write_csv(
     # file two columns of one name: the swept value keeps the name.
     extra = sorted({m for r in rows for m in r.metrics} - set(metrics) - set(keys))
     header = ["trial", *keys, "seed", "status", "steps", *metrics, *extra, "checkpoint", "run_dir"]
-    text = io.StringIO(newline="")
-    writer = csv.writer(text)
-    writer.writerow(header)
-    for r in rows:
-        writer.writerow(
-            [
-                r.trial,
-                *(r.values.get(k, "") for k in keys),
-                "" if r.seed is None else r.seed,
-                r.status,
-                "" if r.step is None else r.step,
-                *(r.metrics.get(m, "") for m in [*metrics, *extra]),
-                r.checkpoint,
-                r.run_dir,
-            ]
-        )
-    write_text_atomically(path, text.getvalue())
+    lines = (
+        [
+            r.trial,
+            *(r.values.get(k) for k in keys),
+            r.seed,
+            r.status,
+            r.step,
+            *(r.metrics.get(m) for m in [*metrics, *extra]),
+            r.checkpoint,
+            r.run_dir,
+        ]
+        for r in rows
+    )
+    write_text_atomically(path, csv_text(header, lines))
     return path
 
 
 def read_run_config(run_dir: StoragePath) -> ExperimentConfig | None:
     """The resolved config a training run saved (``config.json``), or None if it has none yet."""
-    file = run_dir / "config.json"
-    if not file.is_file():
-        return None
-    data = json.loads(file.read_text())
-    return from_dict(ExperimentConfig, data)
+    return saved_config(run_dir) if (run_dir / "config.json").is_file() else None
 
 
 def write_best_config(row: TrialRow, path: StoragePath, *, command: str) -> StoragePath | None:
@@ -164,7 +127,7 @@ def write_best_config(row: TrialRow, path: StoragePath, *, command: str) -> Stor
     config = read_run_config(as_location(row.run_dir))
     if config is None:
         return None
-    values = ", ".join(f"{k}={_show(v)}" for k, v in row.values.items())
+    values = ", ".join(f"{k}={cell(v)}" for k, v in row.values.items())
     header = (
         f"# The best trial of this sweep ({row.trial}: {values}).\n"
         f"# Train it on: raydiff {command} --config {path} --output DIR [--max-steps N]\n"

@@ -37,17 +37,18 @@ from raydiff.config import (
     ExperimentConfig,
     apply_overrides,
     field_type,
+    from_dict,
     load_config,
     override_text,
-    read_config,
-    resolve_config_path,
     resolve_field,
 )
-from raydiff.config.presets import read_yaml_mapping, shipped_file
+from raydiff.config.presets import config_source, read_yaml_mapping, shipped_file
+from raydiff.config.resolve import resolve_config
 from raydiff.data.manifest import Manifest
 from raydiff.errors import ConfigError, UserInputError
+from raydiff.results_table import Mode, Ranking
 from raydiff.seeding import derive_seed
-from raydiff.train.preflight import check_run, config_for_data, existing_manifest, fit_to_data
+from raydiff.train.preflight import check_run
 
 if TYPE_CHECKING:
     from raydiff.train.task import TaskSpec
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 SearchKind = Literal["choice", "grid", "uniform", "loguniform", "randint"]
 SearchAlgorithm = Literal["random", "optuna"]
 SchedulerName = Literal["asha", "none"]
-Mode = Literal["min", "max"]
 
 MAX_CHECKED_TRIALS = 4096
 """Combinations checked before a sweep starts; larger spaces are checked one field at a time."""
@@ -99,8 +99,6 @@ class SchedulerConfig:
     """At each rung only the best 1/reduction_factor of trials go on."""
 
     def __post_init__(self) -> None:
-        if self.name not in get_args(SchedulerName):
-            raise _fail("scheduler.name", self.name, f"valid: {', '.join(get_args(SchedulerName))}")
         if self.grace_period < 0:
             raise _fail("scheduler.grace_period", self.grace_period, "must be >= 1 (0: default)")
         if not self.reduction_factor > 1:
@@ -136,8 +134,6 @@ class SweepConfig:
     """Seed of the search; trial seeds derive from it unless the sweep sets or sweeps one."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.scheduler, Mapping):
-            self.scheduler = _build(SchedulerConfig, self.scheduler, "scheduler")
         if not isinstance(self.set, Mapping):
             raise _fail("set", self.set, "expected a mapping of field: value")
         if not isinstance(self.search_space, Mapping) or not self.search_space:
@@ -151,13 +147,9 @@ class SweepConfig:
             raise _fail("num_samples", self.num_samples, "must be >= 1")
         if self.max_concurrent_trials < 0:
             raise _fail("max_concurrent_trials", self.max_concurrent_trials, "must be >= 0")
-        if self.search not in get_args(SearchAlgorithm):
-            raise _fail("search", self.search, f"valid: {', '.join(get_args(SearchAlgorithm))}")
         objectives = all_objectives()
         if self.metric and self.metric not in objectives:
             raise _fail("metric", self.metric, f"valid: {', '.join(objectives)}")
-        if self.mode is not None and self.mode not in get_args(Mode):
-            raise _fail("mode", self.mode, "valid: min, max")
         if self.seed < 0:
             raise _fail("seed", self.seed, "must be >= 0")
         dims = self.dimensions()
@@ -203,16 +195,6 @@ def with_objective(sweep: SweepConfig, task_name: str) -> SweepConfig:
         )
     mode = sweep.mode or task.metric(metric).objective
     return dataclasses.replace(sweep, metric=metric, mode=mode)
-
-
-def _build(cls: type, data: Mapping[str, Any], section: str) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise UserInputError(
-            f"unknown sweep {section} key(s) {unknown}; valid: {', '.join(sorted(names))}"
-        )
-    return cls(**data)
 
 
 def _dimension(key: str, spec: Any) -> SearchDimension:
@@ -292,6 +274,11 @@ class LoadedSweep:
         return task_spec(self.base_config.train.task)
 
     @property
+    def ranking(self) -> Ranking:
+        """The objective and its direction (:func:`with_objective` gave both)."""
+        return Ranking(key=self.sweep.metric, mode=self.sweep.mode)  # type: ignore[arg-type]
+
+    @property
     def max_steps(self) -> int:
         return self.base_config.train.max_steps
 
@@ -316,13 +303,6 @@ def trial_seed(sweep_seed: int, trial_number: int) -> int:
     return derive_seed(sweep_seed, "trial", trial_number, bits=31)
 
 
-def parse_sweep(data: Any, *, source: str = "sweep file") -> SweepConfig:
-    """A :class:`SweepConfig` from the sweep file's mapping, unknown keys refused."""
-    if not isinstance(data, Mapping):
-        raise UserInputError(f"{source} must hold a mapping of sweep settings")
-    return _build(SweepConfig, data, "file")
-
-
 def load_sweep(
     path_or_data: str | Path | Mapping[str, Any],
     *,
@@ -333,18 +313,19 @@ def load_sweep(
 
     Refuses, before any trial could start: unknown fields, malformed distributions, a field both
     set and swept, and any combination of values (bounds for ranges) that is not a valid
-    training config (e.g. a batch that does not split over the workers). ``manifest_for``
-    (data_dir -> the dataset's manifest) fits the base config to the data, as ``raydiff train``
-    does, and checks every trial against it too.
+    training config (e.g. a batch that does not split over the workers). The base config is
+    built as ``raydiff train`` builds it (:func:`~raydiff.config.resolve.resolve_config`:
+    fitted to its dataset, the one prepared already or ``manifest_for(data_dir)``'s), and every
+    trial is checked against that dataset too.
     """
     base_dir = Path.cwd()
     if isinstance(path_or_data, Mapping):
-        data, source = dict(path_or_data), "sweep"
+        data = dict(path_or_data)
     else:
         file = _sweep_path(str(path_or_data))
-        source, base_dir = f"sweep file {str(file)!r}", file.parent
-        data = read_yaml_mapping(file, what=source, holds="sweep settings")
-    sweep = parse_sweep(data, source=source)
+        base_dir = file.parent
+        data = read_yaml_mapping(file, what=f"sweep file {str(file)!r}", holds="sweep settings")
+    sweep = from_dict(SweepConfig, data, where="sweep")
     dimensions = sweep.dimensions()
     set_items = sweep.set_items() + list(overrides or [])
     set_fields = {".".join(resolve_field(item.partition("=")[0])) for item in set_items}
@@ -359,20 +340,9 @@ def load_sweep(
     if len(set(fields)) != len(fields):
         twice = next(f for f in fields if fields.count(f) > 1)
         raise _fail("search_space", twice, "names one field twice")
-    base = _base_path(sweep.base, base_dir)
+    base = config_source(sweep.base, beside=base_dir)
     raw_base_config = load_config(base)
-    # The image size against the data before the model's own checks (which would name a
-    # consequence of a wrong size), as `raydiff train` does.
-    base_data = read_config(base, set_items)
-    base_config = config_for_data(base_data, existing_manifest(base_data))
-    manifest = manifest_for(base_config.data.data_dir) if manifest_for else None
-    if manifest is not None:
-        base_config = fit_to_data(
-            base_config,
-            manifest,
-            keep_channels="model.in_channels" in set_fields,
-            keep_classes="num_classes" in base_data.get("model", {}),
-        )
+    base_config, manifest = resolve_config(base, overrides=set_items, manifest_for=manifest_for)
     sweep = with_objective(sweep, base_config.train.task)
     loaded = LoadedSweep(
         sweep=sweep,
@@ -390,15 +360,6 @@ def load_sweep(
 def _sweep_path(path_or_name: str) -> Path:
     """A sweep file's path, or a shipped one's by name (``sweep_demo``)."""
     return shipped_file(path_or_name, prefix=SWEEP_PREFIX, kind="sweep")
-
-
-def _base_path(base: str, base_dir: Path) -> str:
-    """A base given as a file next to the sweep file is found there; presets by name."""
-    beside = base_dir / base
-    if not Path(base).is_file() and beside.is_file():
-        return str(beside)
-    resolve_config_path(base)  # a clear error when it is neither
-    return base
 
 
 def check_trials(loaded: LoadedSweep, *, manifest: Manifest | None = None) -> None:

@@ -8,21 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raydiff.config import (
-    ExperimentConfig,
-    ModelConfig,
-    apply_overrides,
-    coerce,
-    from_dict,
-    to_dict,
-)
+from raydiff.config import ExperimentConfig, to_dict
 from raydiff.data.manifest import Manifest, check_compatible
-from raydiff.errors import ConfigError, UserInputError
+from raydiff.errors import UserInputError
 from raydiff.storage import StoragePath, as_location, is_local
 from raydiff.train.checkpoint import (
     read_metrics,
@@ -32,119 +24,6 @@ from raydiff.train.checkpoint import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-def config_for_data(data: Mapping[str, Any], manifest: Manifest | None) -> ExperimentConfig:
-    """The config built from ``data`` (:func:`~raydiff.config.read_config`'s mapping), refused
-    first for an image size unlike ``manifest``'s (when the dataset exists).
-
-    The model's own checks would otherwise speak first and name a consequence of the size (an
-    attention resolution or a channel_mult entry it lacks), not the size and the one that fits.
-    """
-    model = data.get("model") or {}
-    if manifest is not None and isinstance(model, Mapping):  # not a mapping: from_dict says so
-        size = model.get("image_size", ModelConfig.image_size)
-        check_image_size(coerce(size, int, section="model", name="image_size"), manifest)
-    return from_dict(ExperimentConfig, data)
-
-
-def existing_manifest(data: Mapping[str, Any]) -> Manifest | None:
-    """The manifest of the dataset that a config mapping (:func:`~raydiff.config.read_config`'s)
-    names, or None when it is not there yet (the embedded demo dataset is prepared after the
-    config passed its checks; any other missing dataset is refused then)."""
-    from raydiff.data.config import DataConfig
-    from raydiff.data.manifest import load_manifest
-
-    section = data.get("data")
-    if section is not None and not isinstance(section, Mapping):
-        return None  # from_dict names the bad section
-    data_dir = (section or {}).get("data_dir", DataConfig.data_dir)
-    try:
-        return load_manifest(str(data_dir)) if data_dir else None
-    except FileNotFoundError:
-        return None
-
-
-def check_image_size(image_size: int, manifest: Manifest) -> None:
-    """A model of ``image_size`` pixels cannot train on ``manifest``'s images of another size:
-    a ConfigError naming ``model.image_size`` and the size that fits (the size shapes the whole
-    UNet, so nothing adapts it)."""
-    if manifest.image_size != image_size:
-        raise ConfigError(
-            section="model",
-            field="image_size",
-            value=image_size,
-            reason=f"the dataset {manifest.root} holds {manifest.image_size}x"
-            f"{manifest.image_size} images: train at their size with --set image_size="
-            f"{manifest.image_size}, or prepare the data again with --image-size {image_size}",
-        )
-
-
-def fit_to_data(
-    config: ExperimentConfig,
-    manifest: Manifest,
-    *,
-    keep_channels: bool = False,
-    keep_classes: bool = False,
-) -> ExperimentConfig:
-    """``config`` made to train on ``manifest``'s images, or a ConfigError saying how.
-
-    A preset's ``model.in_channels`` follows the data (the demo model trains on an RGB folder as
-    well as on Fashion-MNIST): the channel count only changes the first and last convolution.
-    ``keep_channels`` (the user set ``in_channels`` themselves) turns that into an error. A
-    class-conditional model's ``num_classes`` follows the data's labels in the same way
-    (improved-diffusion's constant 1000 would give Fashion-MNIST 990 unused class embeddings,
-    and a classifier of the same data could not guide it); ``keep_classes`` (the config sets
-    ``num_classes``) turns a mismatch into an error naming both counts. The image size shapes
-    the whole UNet, so a mismatch is an error that names both ways out.
-    """
-    model = config.model
-    check_image_size(model.image_size, manifest)
-    config = _fit_classes(config, manifest, keep_classes=keep_classes)
-    if manifest.channels != model.in_channels:
-        if keep_channels:
-            raise ConfigError(
-                section="model",
-                field="in_channels",
-                value=model.in_channels,
-                reason=f"the dataset {manifest.root} holds {manifest.channels}-channel images: "
-                f"drop the override (the model then takes the data's channels) or set "
-                f"in_channels={manifest.channels}",
-            )
-        logger.info(
-            "the dataset has %d-channel images: model.in_channels=%d (the config had %d)",
-            manifest.channels,
-            manifest.channels,
-            model.in_channels,
-        )
-        config = apply_overrides(config, [f"model.in_channels={manifest.channels}"])
-    return config
-
-
-def _fit_classes(
-    config: ExperimentConfig, manifest: Manifest, *, keep_classes: bool
-) -> ExperimentConfig:
-    """A class-conditional model's ``num_classes`` from the data's labels (an unlabelled
-    dataset is refused later, by ``check_compatible``)."""
-    model = config.model
-    found = manifest.num_classes
-    if not model.class_cond or not found or model.num_classes == found:
-        return config
-    if keep_classes:
-        raise ConfigError(
-            section="model",
-            field="num_classes",
-            value=model.num_classes,
-            reason=f"the dataset {manifest.root} has {found} classes: set num_classes={found}, "
-            f"or leave it out (a class-conditional model takes the data's class count)",
-        )
-    logger.info(
-        "the dataset has %d classes: model.num_classes=%d (the config had %d)",
-        found,
-        found,
-        model.num_classes,
-    )
-    return apply_overrides(config, [f"model.num_classes={found}"])
 
 
 def check_run(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import torch
 
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
+from raydiff.results_table import Mode
 from raydiff.train.batch import Batch, ValBatches
 
 if TYPE_CHECKING:
@@ -81,7 +82,6 @@ class TaskFactory(Protocol):
     def __call__(self, config: ExperimentConfig, *, runtime: Runtime) -> Task: ...
 
 
-Mode = Literal["min", "max"]
 PosthocSweep = Literal["samples", "validation"]
 
 

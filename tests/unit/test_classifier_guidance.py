@@ -64,7 +64,7 @@ def test_flags_follow_guided_diffusion():
     assert default.classifier.attention_downsample_rates(64) == (2, 4, 8)
     assert default.classifier.classifier_pool == "attention"
     assert default.classifier.classifier_width == 128
-    with pytest.raises(UserInputError, match=r"unknown classifier field\(s\) \['classifier_widht'"):
+    with pytest.raises(UserInputError, match=r"classifier: unknown key 'classifier_widht'"):
         classifier_config_from_flags({"classifier_widht": "3"}, model_config=MODEL)
     with pytest.raises(UserInputError, match=r"classifier_channel_mult='' .* image_size 8"):
         classifier_config_from_flags({"classifier_attention_resolutions": ""}, model_config=MODEL)

@@ -86,7 +86,7 @@ def test_overrides_section_and_bare_names():
 def test_dict_round_trip_and_unknown_keys():
     cfg = apply_overrides(ExperimentConfig(), ["image_size=32", "use_kl=True"])
     assert from_dict(ExperimentConfig, to_dict(cfg)) == cfg
-    with pytest.raises(ValueError, match="unknown model field"):
+    with pytest.raises(ValueError, match="model: unknown key 'channels' \\(valid: image_size,"):
         from_dict(ExperimentConfig, {"model": {"channels": 3}})
 
 

@@ -11,14 +11,13 @@ import pytest
 
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.evaluate.ema_sweep_report import (
-    Ranking,
     SweepRow,
-    best_row,
-    csv_text,
     format_table,
     plot_png,
+    sweep_csv,
     write_sweep_report,
 )
+from raydiff.results_table import Ranking
 from raydiff.train.ema_reconstruction import EmaOptions
 from raydiff.train.tasks import task_specs
 
@@ -40,14 +39,14 @@ FD = Ranking(key="fid", mode="min")
 
 
 def test_the_best_follows_the_metrics_direction_and_skips_missing_values() -> None:
-    assert best_row(ROWS, FD).name == "phema_0.080"
-    assert best_row(ROWS, Ranking(key="fid", mode="max")).name == "phema_0.050"
-    assert best_row(ROWS, Ranking(key="val_bpd", mode="min")).name == "ema_0.9999"
-    assert best_row(ROWS, Ranking(key="val_acc@1", mode="max")) is None
+    assert FD.best(ROWS).name == "phema_0.080"
+    assert Ranking(key="fid", mode="max").best(ROWS).name == "phema_0.050"
+    assert Ranking(key="val_bpd", mode="min").best(ROWS).name == "ema_0.9999"
+    assert Ranking(key="val_acc@1", mode="max").best(ROWS) is None
 
 
 def test_the_csv_has_a_row_per_weights_at_full_precision_and_marks_the_best() -> None:
-    rows = list(csv.DictReader(io.StringIO(csv_text(ROWS, FD))))
+    rows = list(csv.DictReader(io.StringIO(sweep_csv(ROWS, FD))))
     assert [r["weights"] for r in rows] == [r.name for r in ROWS]
     assert list(rows[0]) == [
         "weights",
@@ -78,7 +77,7 @@ def test_the_plot_is_a_png_and_the_report_is_written(tmp_path: Path) -> None:
     assert plot_png(ROWS, FD, title="t")[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_png([], FD, title="empty")[:4] == b"\x89PNG"  # nothing to draw: axes only
     report = write_sweep_report(tmp_path / "sweep", ROWS, FD, title="run, step 8")
-    assert report.csv.read_text() == csv_text(ROWS, FD)
+    assert report.csv.read_text() == sweep_csv(ROWS, FD)
     assert report.plot.read_bytes()[:4] == b"\x89PNG"
     assert report.best is ROWS[1]
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["sweep.csv", "sweep.png"]
@@ -153,10 +152,10 @@ def test_a_sweep_file_gives_the_options_and_typed_flags_win(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("run: r\nsigma: 0.1\n", "'sigma' is no option (valid: bpd_respacing, evaluate,"),
-        ("run: r\nsigma_rel: 0.1\nnum_samples: many\n", "num_samples: expected int, got 'many'"),
-        ("run: r\nsigma_rel: 0.1\nnum_workers: true\n", "num_workers: expected int, got True"),
-        ("run: r\nsigma_rel: {a: 1}\n", "sigma_rel: expected text or a list of numbers"),
+        ("run: r\nsigma: 0.1\n", "ema.yaml: unknown key 'sigma' (valid: config, run, sigma_rel,"),
+        ("run: r\nsigma_rel: 0.1\nnum_samples: many\n", "ema.num_samples='many' is invalid"),
+        ("run: r\nsigma_rel: 0.1\nnum_workers: true\n", "ema.num_workers=True is invalid"),
+        ("run: r\nsigma_rel: {a: 1}\n", "ema.sigma_rel=\"{'a': 1}\" is invalid: expected lengths"),
         ("- run\n", "must hold a mapping of options"),
         ("run: [\n", "is not valid YAML"),
     ],

@@ -120,11 +120,14 @@ def test_the_shipped_demo_family_loads_by_name() -> None:
         ({"base": {"set": {"data_dir": "/nowhere/data"}}}, "stage base: data.data_dir="),
         ({"base": {"set": {"lr": "fast"}}}, "stage base: optim.lr"),
         ({"base": {"config": "nosuch"}}, "stage base: config file 'nosuch' does not exist"),
-        ({"base": {"size": 1}}, "stage base: 'size' is no key (valid: config, set, resources)"),
-        ({"base": {"resources": {"gpus": 1}}}, "stage base: resources: 'gpus' is not a resource"),
-        ({"sample": {"steps": 3}}, "stage sample: 'steps' is no option"),
+        ({"base": {"size": 1}}, "stage base: unknown key 'size' (valid: config, set, resources)"),
+        (
+            {"base": {"resources": {"gpus": 1}}},
+            "stage base: resources: unknown key 'gpus' (valid: num_workers,",
+        ),
+        ({"sample": {"steps": 3}}, "stage sample: unknown key 'steps' (valid: num_samples,"),
         ({"sample": {"num_samples": 0}}, "stage sample: num_samples=0 is invalid: must be >= 1"),
-        ({"upscaler": {}}, "'upscaler' is no stage (valid: datasets, tracking, base, classifier,"),
+        ({"upscaler": {}}, "family file: unknown key 'upscaler' (valid: datasets, tracking, base,"),
         (
             {"sample": {"weights": "phema_0.080"}},
             "stage sample: weights='phema_0.080' is invalid: the base stage tracks no post-hoc "
@@ -139,7 +142,7 @@ def test_the_shipped_demo_family_loads_by_name() -> None:
             "stage sample: upsampler_weights='ema_0.99' is invalid: the family has no upsampler",
         ),
         ({"datasets": {"d": {"sorce": "x"}}}, "datasets: d: "),
-        ({"tracking": {"server": "x"}}, "stage tracking: 'server' is no tracking field (valid:"),
+        ({"tracking": {"server": "x"}}, "stage tracking: unknown key 'server' (valid: backend,"),
     ],
 )
 def test_a_bad_family_file_is_refused_naming_the_stage_and_field(
@@ -232,3 +235,19 @@ def test_a_refused_family_leaves_no_folder(tmp_path: Path, capsys: pytest.Captur
     assert main(["family", str(file), "--output", str(tmp_path / "out")]) == 1
     assert "stage upsampler: super_res.small_size=4 is invalid" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_stage_that_sets_channels_unlike_its_data_is_refused_before_anything_starts(
+    tmp_path: Path, tiny_prepared: Path
+) -> None:
+    """A stage's config is built as ``raydiff train`` builds it: ``in_channels`` set by the
+    stage's ``set`` is kept, so greyscale data refuses an RGB model here, not when the stage's
+    own training starts (a preset's channels follow the data, as for ``raydiff train``)."""
+    data = {"data_dir": str(tiny_prepared), "image_size": 8}
+    classifier = {"set": {**data, "num_classes": 3}}
+    follows = load_family(str(family_file(tmp_path, classifier=classifier)))
+    assert follows.stages["classifier"].config.model.in_channels == 1
+    rgb = {"set": {**data, "num_classes": 3, "in_channels": 3}}
+    message = "stage classifier: model.in_channels=3 is invalid: the dataset"
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        load_family(str(family_file(tmp_path, classifier=rgb)))

@@ -11,6 +11,7 @@ from tiny_model import tiny_model
 
 from raydiff.cli import main
 from raydiff.config import ExperimentConfig, apply_overrides, load_config, to_dict
+from raydiff.config.resolve import fit_to_data
 from raydiff.data import PrepareOptions, prepare_dataset
 from raydiff.data.manifest import load_manifest
 from raydiff.errors import ConfigError
@@ -253,18 +254,18 @@ def test_a_preset_takes_the_datas_channels(dataset):
     unless the user set in_channels themselves."""
     rgb = config(dataset, "model.in_channels=3")
     manifest = load_manifest(str(dataset))
-    fitted = preflight.fit_to_data(rgb, manifest)
+    fitted = fit_to_data(rgb, manifest)
     assert fitted.model.in_channels == 1 and fitted.data.channels == 1
     check_run(fitted)
     with pytest.raises(ConfigError, match=r"model\.in_channels=3 is invalid.*1-channel") as err:
-        preflight.fit_to_data(rgb, manifest, keep_channels=True)
+        fit_to_data(rgb, manifest, keep_channels=True)
     assert err.value.field == "in_channels"
 
 
 def test_an_image_size_unlike_the_datas_names_both_ways_out(dataset):
     big = config(dataset, "model.image_size=32", "model.attention_resolutions=16")
     with pytest.raises(ConfigError, match=r"--set image_size=16.*--image-size 32") as err:
-        preflight.fit_to_data(big, load_manifest(str(dataset)))
+        fit_to_data(big, load_manifest(str(dataset)))
     assert (err.value.section, err.value.field) == ("model", "image_size")
 
 
@@ -345,22 +346,22 @@ def test_a_class_conditional_model_takes_the_datas_class_count(labelled, caplog)
     manifest = load_manifest(str(labelled))
     cond = config(labelled, "model.class_cond=true")
     assert cond.model.num_classes == 1000
-    with caplog.at_level("INFO", logger="raydiff.train.preflight"):
-        fitted = preflight.fit_to_data(cond, manifest)
+    with caplog.at_level("INFO", logger="raydiff.config.resolve"):
+        fitted = fit_to_data(cond, manifest)
     assert fitted.model.num_classes == 4 and "the dataset has 4 classes" in caplog.text
     check_run(fitted)
     # Set by the config (a preset, a file or --set): a count unlike the data's names both.
     for count in (5, 3):
         with pytest.raises(ConfigError, match=rf"num_classes={count} is invalid.*has 4 classes"):
-            preflight.fit_to_data(
+            fit_to_data(
                 config(labelled, "model.class_cond=true", f"model.num_classes={count}"),
                 manifest,
                 keep_classes=True,
             )
     same = config(labelled, "model.class_cond=true", "model.num_classes=4")
-    assert preflight.fit_to_data(same, manifest, keep_classes=True) == same
+    assert fit_to_data(same, manifest, keep_classes=True) == same
     # An unconditional model keeps its (unused) count.
-    assert preflight.fit_to_data(config(labelled), manifest).model.num_classes == 1000
+    assert fit_to_data(config(labelled), manifest).model.num_classes == 1000
 
 
 def test_the_cli_fits_the_class_count_unless_the_config_sets_it(labelled, tmp_path, capsys):

@@ -12,6 +12,7 @@ import yaml
 from raydiff.cli import main
 from raydiff.config import load_config, to_dict
 from raydiff.errors import UserInputError
+from raydiff.results_table import Ranking
 from raydiff.sweep.results import (
     TrialRow,
     best_row,
@@ -94,8 +95,8 @@ def test_a_space_whose_trials_do_not_split_over_the_workers_is_refused():
         ({"num_samples": 0}, "sweep.num_samples=0"),
         ({"scheduler": {"name": "pbt"}}, "sweep.scheduler.name='pbt'"),
         ({"scheduler": {"reduction_factor": 1}}, "reduction_factor"),
-        ({"scheduler": {"grace": 10}}, "unknown sweep scheduler key(s) ['grace']"),
-        ({"trials": 4}, "unknown sweep file key(s) ['trials']"),
+        ({"scheduler": {"grace": 10}}, "sweep.scheduler: unknown key 'grace' (valid: name,"),
+        ({"trials": 4}, "sweep: unknown key 'trials' (valid: base, set,"),
         ({"search_space": {}}, "at least one field"),
         ({"base": "no_such_preset"}, "no_such_preset"),
     ],
@@ -144,14 +145,14 @@ def _rows(tmp_path: Path) -> list[TrialRow]:
 def test_results_table_csv_and_best_config(tmp_path):
     rows = _rows(tmp_path)
     assert [r.status for r in rows][2:] == ["stopped early", "failed: loss scale collapsed"]
-    assert best_row(rows, metric="val_bpd", mode="min") is rows[1]
-    assert best_row(rows, metric="val_bpd", mode="max") is rows[2]
+    assert best_row(rows, Ranking(key="val_bpd", mode="min")) is rows[1]
+    assert best_row(rows, Ranking(key="val_bpd", mode="max")) is rows[2]
     columns = ("val_bpd", "val_mse", "loss")
-    table = format_table(rows, metric="val_bpd", mode="min", columns=columns)
+    table = format_table(rows, Ranking(key="val_bpd", mode="min"), columns=columns)
     lines = table.splitlines()
     # Columns some trial reported (no val_mse here), the objective always and first.
     assert lines[0].split() == ["trial", "lr", "val_bpd", "loss", "steps", "status"]
-    header = format_table(rows, metric="val_acc@1", mode="max", columns=columns)
+    header = format_table(rows, Ranking(key="val_acc@1", mode="max"), columns=columns)
     header = header.splitlines()[0].split()
     assert header == ["trial", "lr", "val_acc@1", "val_bpd", "loss", "steps", "status"]
     assert lines[3].startswith("t0001 *") and "5.1" in lines[3]
