@@ -38,6 +38,7 @@ from raydiff.config import (
     resolve_config_path,
 )
 from raydiff.config.presets import FAMILY_PREFIX, read_yaml_mapping, shipped_file
+from raydiff.data.manifest import is_dataset
 from raydiff.data.prepare import PrepareOptions
 from raydiff.errors import UserInputError
 from raydiff.train.preflight import config_for_data, existing_manifest, fit_to_data
@@ -412,7 +413,7 @@ def check_family(family: Family) -> None:
 
 def _check_data(stage: TrainingStage, family: Family) -> None:
     data_dir = stage.config.data.data_dir
-    if "://" in data_dir or (Path(data_dir) / "manifest.json").is_file():
+    if is_dataset(data_dir):
         return
     if Path(data_dir).resolve() not in {Path(out).resolve() for out in family.datasets}:
         raise _refused(

@@ -6,7 +6,6 @@ it once per trial.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -28,10 +27,10 @@ from raydiff.orchestrate.ray_session import (
 )
 from raydiff.storage import (
     StoragePath,
-    is_local,
     names_a_bucket,
     ray_storage,
     resolve_location,
+    resolved,
 )
 from raydiff.train.preflight import StartPoint, plan_start
 from raydiff.train.run_lock import run_lock
@@ -46,15 +45,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def absolute_uri(uri: str) -> str:
-    """A local path made absolute (workers and trials run in other folders); URIs as given."""
-    return uri if "://" in uri else str(Path(uri).expanduser().resolve())
-
-
 def with_absolute_data_dir(config: ExperimentConfig) -> ExperimentConfig:
-    """``config`` with its dataset's local path made absolute (:func:`absolute_uri`): a new
-    config, the caller's is left as it was."""
-    data = dataclasses.replace(config.data, data_dir=absolute_uri(config.data.data_dir))
+    """``config`` with its dataset's local path made absolute (workers and trials run in other
+    folders): a new config, the caller's is left as it was."""
+    data = dataclasses.replace(config.data, data_dir=resolved(config.data.data_dir))
     return dataclasses.replace(config, data=data)
 
 
@@ -145,8 +139,7 @@ def run_training_job(
         return start.finished
     # One driver per run folder (raydiff.train.run_lock): a second one is refused here, before
     # Ray starts; the lock is held until this run returns or fails.
-    # Object stores have no locks: one driver per remote run folder is the user's to ensure.
-    with run_lock(out) if is_local(out) else contextlib.nullcontext():
+    with run_lock(out):
         # The run's tracked runs, created once and continued by every later attempt.
         start_tracking(config, run_dir=out, parent=tracking_parent)
         return _train_on_ray(
@@ -379,11 +372,8 @@ def _final_metrics(
     metrics = dict(result.return_value or {})
     if evaluation is not None:
         metrics["evaluation"] = evaluation
-    if result.checkpoint is not None:
-        checkpoint = result.checkpoint.path
-        if not is_local(out):  # a path on the run's filesystem: give the URI
-            checkpoint = str(out / Path(checkpoint).name)
-        metrics["checkpoint"] = checkpoint
+    if result.checkpoint is not None:  # Ray's path is on the run's filesystem: name it in out
+        metrics["checkpoint"] = str(out / Path(result.checkpoint.path).name)
     metrics["output_dir"] = str(out)
     return metrics
 

@@ -19,12 +19,13 @@ from raydiff.storage import (
     append_line,
     as_location,
     download,
-    is_local,
     local_copy,
+    local_path,
     names_a_bucket,
     open_filesystem,
     ray_storage,
     resolve_location,
+    resolved,
     upload,
     write_text_atomically,
 )
@@ -77,8 +78,16 @@ def test_local_paths_stay_paths_and_uris_become_remote_paths(tmp_path, monkeypat
     assert str(uri / "checkpoint_000004") == "mock:///bucket/runs/r1/checkpoint_000004"
 
 
-def test_what_differs_between_a_local_path_and_a_uri(tmp_path, memory):
-    assert is_local(tmp_path) and not is_local(memory)
+def test_what_differs_between_a_local_path_and_a_uri(tmp_path, memory, monkeypatch):
+    assert local_path(tmp_path) == tmp_path and local_path(memory) is None
+    assert local_path("s3://bucket/run") is None and local_path("mock:///bucket") is None
+    assert local_path(f"file://{tmp_path}") == tmp_path
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert local_path("~/runs") == tmp_path / "runs"
+    monkeypatch.chdir(tmp_path)
+    assert resolved("runs/a") == str(tmp_path.resolve() / "runs" / "a")
+    assert resolved(f"file://{tmp_path}/x") == str(tmp_path.resolve() / "x")
+    assert resolved("s3://bucket/data/") == "s3://bucket/data"  # no filesystem reached
     assert names_a_bucket(as_location("mock:///bucket/"))
     assert not names_a_bucket(memory) and not names_a_bucket(Path("/bucket"))
     assert ray_storage(tmp_path / "runs") == (str(tmp_path / "runs"), None)
@@ -191,7 +200,7 @@ def test_checkpoint_rules_hold_under_a_uri(memory, tmp_path):
     assert latest_checkpoint(memory) is None
     first = save_checkpoint(memory, 4, **checkpoint_files(4))
     second = save_checkpoint(memory, 8, **checkpoint_files(8))
-    assert not is_local(second) and str(second) == f"{memory}/checkpoint_000008"
+    assert local_path(second) is None and str(second) == f"{memory}/checkpoint_000008"
     assert latest_checkpoint(memory) == second
     assert read_progress(second) == {"step": 8, "epoch": 1, "epoch_samples": 16}
     assert require_checkpoint_dir(first) == first
