@@ -7,7 +7,6 @@ it once per trial.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import re
 from pathlib import Path
@@ -69,15 +68,6 @@ def storage_options(run_dir: StoragePath) -> dict[str, Any]:
     credentials included: ``raydiff.storage``); Train's controller and workers use it as is."""
     path, filesystem = ray_storage(run_dir.parent)
     return {"storage_path": path, "storage_filesystem": filesystem}
-
-
-def sampler_actor_key(run_dir: StoragePath) -> str:
-    """The key of the loss-history actor of the run in ``run_dir`` (an absolute path or a URI).
-
-    Per run folder, not per folder name: two runs called "demo" in different places must not
-    share (or kill) one loss history.
-    """
-    return f"{run_dir.name}-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]}"
 
 
 def dataset_config(data: DataConfig, *, split_train: bool = True) -> ray.train.DataConfig:
@@ -185,22 +175,17 @@ def _train_on_ray(
     if start.checkpoint is not None:
         logger.info("continuing from %s (step %d)", start.checkpoint, start.progress.get("step", 0))
     datasets = _datasets(config, manifest=manifest, start=start, cached_splits=cached_splits)
-    actor_key = sampler_actor_key(out)
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:
         from raydiff.orchestrate.loss_history_actor import get_or_create_actor
 
         get_or_create_actor(
-            actor_key,
-            num_timesteps=config.diffusion.diffusion_steps,
-            run_dir=out,
-            resume_checkpoint=start.checkpoint,
+            out, num_timesteps=config.diffusion.diffusion_steps, resume_checkpoint=start.checkpoint
         )
     trainer = _torch_trainer(
         config,
         out=out,
         start=start,
-        actor_key=actor_key,
         datasets=datasets,
         num_val_images=num_val_images(config, manifest=manifest) if "val" in datasets else 0,
         callbacks=callbacks,
@@ -229,7 +214,7 @@ def _train_on_ray(
         if actor_needed:
             from raydiff.orchestrate.loss_history_actor import kill_actor
 
-            kill_actor(actor_key)
+            kill_actor(out)
         if evaluator is not None:
             ray.kill(evaluator)
     return _final_metrics(result, evaluation=evaluation, out=out)
@@ -306,7 +291,6 @@ def _torch_trainer(
     *,
     out: StoragePath,
     start: StartPoint,
-    actor_key: str,
     datasets: dict[str, Any],
     num_val_images: int,
     callbacks: list[Any],
@@ -329,7 +313,6 @@ def _torch_trainer(
         train_loop_per_worker,
         train_loop_config={
             "config": config,  # the typed config itself: it crosses to the workers once
-            "actor_key": actor_key,
             "output_dir": out,  # a Path, or a RemotePath with its filesystem
             # What the workers start from while the run folder has no complete checkpoint of
             # its own (then they take its newest, RayRuntime.resume_checkpoint): --resume, or
