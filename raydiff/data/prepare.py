@@ -23,7 +23,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar
 
@@ -508,7 +508,7 @@ def _build_manifest(
     return Manifest(
         format_version=FORMAT_VERSION,
         raydiff_version=_raydiff_version(),
-        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
         source={"kind": source.kind, "location": source.location, "label_rule": source.label_rule},
         image_size=spec.image_size,
         channels=spec.channels,
