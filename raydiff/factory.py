@@ -88,4 +88,3 @@ def create_gaussian_diffusion(config: DiffusionConfig) -> SpacedDiffusion:
         loss_type=loss_type,
         rescale_timesteps=config.rescale_timesteps,
     )
-

@@ -251,6 +251,16 @@ def ray_storage(location: StoragePath) -> tuple[str, Any]:
     return str(location), None
 
 
+def reader_paths(uris: list[str]) -> tuple[list[str], Any]:
+    """Files of one dataset as pyarrow's readers (Ray Data's ``read_parquet``) take them:
+    S3 ones as the AWS environment describes it (an endpoint, keys), which a reader's own
+    ``from_uri`` would not see, as ``bucket/key`` paths on that filesystem; others as given,
+    with None (the reader's own lookup)."""
+    if not uris or not uris[0].lower().startswith("s3://"):
+        return uris, None
+    return [uri.partition("://")[2] for uri in uris], open_filesystem(uris[0])[0]
+
+
 def append_line(path: StoragePath, line: str) -> None:
     """Append ``line`` to the file ``path``. An object store has no append: the object is
     written again whole (so there must be one writer at a time)."""

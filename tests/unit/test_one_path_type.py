@@ -83,7 +83,8 @@ def test_the_check_sees_each_spelling(tmp_path: Path) -> None:
         "    if isinstance(\n        q, (Path, RemotePath)\n    ):\n"
         "        pass\n"
     )
-    (tmp_path / "jobs" / "job.py").write_text(
+    job = Path("jobs", "job.py")
+    (tmp_path / job).write_text(
         "ok = isinstance(x, Path)\nx: StoragePath\nurl = 'https://example.org'\n"
         "if '://' in name or storage.is_remote(name) or is_local(x):\n    pass\n"
     )
@@ -93,7 +94,7 @@ def test_the_check_sees_each_spelling(tmp_path: Path) -> None:
         f"{module}:1 Path | RemotePath",
         f"{module}:2 isinstance(..., RemotePath)",
         f"{module}:4 isinstance(..., RemotePath)",
-        'jobs/job.py:4 "://"',
-        "jobs/job.py:4 is_local(...)",
-        "jobs/job.py:4 is_remote(...)",
+        f'{job}:4 "://"',
+        f"{job}:4 is_local(...)",
+        f"{job}:4 is_remote(...)",
     ]

@@ -24,6 +24,7 @@ from raydiff.storage import (
     names_a_bucket,
     open_filesystem,
     ray_storage,
+    reader_paths,
     resolve_location,
     resolved,
     upload,
@@ -238,6 +239,12 @@ def test_s3_takes_the_standard_aws_environment(monkeypatch):
     options = open_filesystem("s3://bucket/r")[0].__reduce__()[1][0]
     assert options["endpoint_override"] == "http://127.0.0.1:10"
     assert options["access_key"] is None
+    # A dataset's shards as Ray Data reads them: on that filesystem, as bucket/key paths.
+    paths, filesystem = reader_paths(["s3://bucket/d/a.parquet", "s3://bucket/d/b.parquet"])
+    assert paths == ["bucket/d/a.parquet", "bucket/d/b.parquet"]
+    assert filesystem.__reduce__()[1][0]["endpoint_override"] == "http://127.0.0.1:10"
+    assert reader_paths(["/data/a.parquet"]) == (["/data/a.parquet"], None)
+    assert reader_paths(["gs://b/a.parquet"]) == (["gs://b/a.parquet"], None)
 
 
 def test_a_single_process_run_writes_to_and_resumes_from_a_uri(memory, tmp_path):
