@@ -12,6 +12,7 @@ import pyarrow.fs
 import pytest
 import torch
 
+from raydiff.data.manifest import MANIFEST_NAME, is_dataset
 from raydiff.errors import UserInputError
 from raydiff.storage import (
     MirroredFolder,
@@ -89,6 +90,10 @@ def test_what_differs_between_a_local_path_and_a_uri(tmp_path, memory, monkeypat
     assert resolved("runs/a") == str(tmp_path.resolve() / "runs" / "a")
     assert resolved(f"file://{tmp_path}/x") == str(tmp_path.resolve() / "x")
     assert resolved("s3://bucket/data/") == "s3://bucket/data"  # no filesystem reached
+    # A dataset is a local folder with a manifest, or any URI (its manifest is read when used).
+    assert not is_dataset(tmp_path) and is_dataset("s3://bucket/data")
+    (tmp_path / MANIFEST_NAME).write_text("{}")
+    assert is_dataset(tmp_path) and is_dataset(f"file://{tmp_path}") and is_dataset(".")
     assert names_a_bucket(as_location("mock:///bucket/"))
     assert not names_a_bucket(memory) and not names_a_bucket(Path("/bucket"))
     assert ray_storage(tmp_path / "runs") == (str(tmp_path / "runs"), None)
