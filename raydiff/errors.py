@@ -83,17 +83,19 @@ class RunInterruptedError(RuntimeError):
         self.signal_name = signal_name
 
 
-def first_line(error: BaseException, *, limit: int = 200) -> str:
-    """``error`` as one short line, for messages that quote another error.
+def first_line(error: BaseException | str, *, limit: int = 200) -> str:
+    """``error`` (an exception or its message) as one short line, for messages that quote
+    another error: the one rule for it.
 
-    The rule: when the message names a raised exception on a later line (Ray's errors from
-    worker processes carry the worker's whole traceback, which ends with ``SomeError: ...``), the
-    last such line, which is what was raised; otherwise the first non-empty line. A trailing full
-    stop is dropped (the caller's sentence goes on), an empty message gives the exception's type
-    name, and the line is cut to ``limit`` characters.
+    When the message names a raised exception on a later line (Ray's errors from worker
+    processes and trials carry the whole traceback, which ends with ``SomeError: ...``), the last
+    such line, which is what was raised; otherwise the first non-empty line. A trailing full stop
+    is dropped (the caller's sentence goes on), an exception's empty message gives its type name
+    (an empty message, ''), and the line is cut to ``limit`` characters.
     """
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     raised = [line for line in lines[1:] if _RAISED_LINE.match(line)]
-    text = raised[-1] if raised else (lines[0] if lines else "")
-    text = text.rstrip(".") or type(error).__name__
+    text = (raised[-1] if raised else (lines[0] if lines else "")).rstrip(".")
+    if not text and isinstance(error, BaseException):
+        text = type(error).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."

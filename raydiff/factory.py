@@ -7,20 +7,11 @@ config (``import raydiff.core`` loads no config, data or Ray module).
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from raydiff.config import DiffusionConfig, ExperimentConfig, ModelConfig
 from raydiff.core.gaussian_diffusion import LossType, ModelMeanType, ModelVarType
 from raydiff.core.respace import SpacedDiffusion, space_timesteps
 from raydiff.core.schedules import get_named_beta_schedule
 from raydiff.core.unet import EncoderUNetModel, SuperResModel, UNetModel
-
-
-class ModelAndDiffusionConfig(Protocol):
-    """Any config with ``model`` and ``diffusion`` sections (e.g. ``ExperimentConfig``)."""
-
-    model: ModelConfig
-    diffusion: DiffusionConfig
 
 
 def create_model(config: ModelConfig, *, learn_sigma: bool, super_res: bool = False) -> UNetModel:
@@ -97,11 +88,3 @@ def create_gaussian_diffusion(config: DiffusionConfig) -> SpacedDiffusion:
         loss_type=loss_type,
         rescale_timesteps=config.rescale_timesteps,
     )
-
-
-def create_model_and_diffusion(
-    config: ModelAndDiffusionConfig,
-) -> tuple[UNetModel, SpacedDiffusion]:
-    """``(UNetModel, SpacedDiffusion)`` for a config with ``model`` and ``diffusion`` sections."""
-    model = create_model(config.model, learn_sigma=config.diffusion.learn_sigma)
-    return model, create_gaussian_diffusion(config.diffusion)

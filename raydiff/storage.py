@@ -1,6 +1,8 @@
 """Run folders on a local disk or on any filesystem pyarrow reaches by URI (s3://, gs://, ...).
 
-One type, :data:`StoragePath`, stands for both, and only this module asks which one a path is.
+One type, :data:`StoragePath`, stands for both, and only this module decides which one a path
+or a name is (a unit test refuses ``"://"``, ``is_remote`` and ``isinstance(..., RemotePath)``
+elsewhere).
 A local path stays a :class:`pathlib.Path`, so local run folders are handled exactly as they
 always were. A URI becomes a :class:`RemotePath`: the few ``Path`` methods raydiff's run-folder
 and checkpoint code calls (``/``, ``name``, ``parent``, ``exists``, ``is_file``, ``is_dir``,
@@ -10,7 +12,9 @@ and checkpoint code calls (``/``, ``name``, ``parent``, ``exists``, ``is_file``,
 two is a function here (:func:`write_text_atomically`, :func:`append_line`, :func:`ray_storage`,
 :func:`names_a_bucket`). What has to be read with local file APIs (``torch.load``, TensorBoard's
 writer) goes through a local copy: :func:`local_copy` downloads, :class:`MirroredFolder` writes
-locally and uploads; :func:`is_local` is for the few places that need an OS path or lock.
+locally and uploads. :func:`local_path` is the OS path of a local name (None for a URI), for
+what only a local folder has (a lock, inductor's cache, a folder other programs open);
+:func:`resolved` is a name as every process, in any folder, reads it.
 
 S3 follows the standard AWS environment variables: ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY`` (``AWS_SESSION_TOKEN``), ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` and
@@ -36,7 +40,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, TypeGuard
+from typing import Any, NamedTuple
 
 from raydiff.errors import UserInputError
 
@@ -216,10 +220,21 @@ class RemotePath:
 StoragePath = Path | RemotePath
 
 
-def is_local(location: StoragePath) -> TypeGuard[Path]:
-    """True for a path on this machine's disks (one that OS file APIs, locks and other programs
-    can open), False for a URI's."""
-    return not isinstance(location, RemotePath)
+def local_path(target: str | os.PathLike[str] | RemotePath) -> Path | None:
+    """The OS path of a location on this machine's disks (``file://`` dropped, ``~`` expanded),
+    which OS file APIs, locks and other programs can open; None for a URI. Made from the text
+    alone: a URI's filesystem is not reached."""
+    if isinstance(target, RemotePath):
+        return None
+    text = os.fspath(target)
+    return None if is_remote(text) else Path(text.removeprefix("file://")).expanduser()
+
+
+def resolved(target: str) -> str:
+    """``target`` as every process names it: a local path made absolute (Ray workers and trials
+    run in other folders), a URI as given (without a trailing ``/``)."""
+    local = local_path(target)
+    return target.rstrip("/") if local is None else str(local.resolve())
 
 
 def names_a_bucket(location: StoragePath) -> bool:
@@ -234,6 +249,16 @@ def ray_storage(location: StoragePath) -> tuple[str, Any]:
     if isinstance(location, RemotePath):
         return location.path, location.filesystem
     return str(location), None
+
+
+def reader_paths(uris: list[str]) -> tuple[list[str], Any]:
+    """Files of one dataset as pyarrow's readers (Ray Data's ``read_parquet``) take them:
+    S3 ones as the AWS environment describes it (an endpoint, keys), which a reader's own
+    ``from_uri`` would not see, as ``bucket/key`` paths on that filesystem; others as given,
+    with None (the reader's own lookup)."""
+    if not uris or not uris[0].lower().startswith("s3://"):
+        return uris, None
+    return [uri.partition("://")[2] for uri in uris], open_filesystem(uris[0])[0]
 
 
 def append_line(path: StoragePath, line: str) -> None:

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 def run_bpd(args: argparse.Namespace) -> int:
     """The bound over a split on Ray workers; the summary, printed."""
     from raydiff.evaluate.options import BpdOptions
-    from raydiff.orchestrate.evaluation import run_bpd as evaluate_bpd
+    from raydiff.orchestrate.model_actor import run_bpd as evaluate_bpd
 
     result = evaluate_bpd(options_from_args(BpdOptions, args), address=args.address)
     summary = result.summary

@@ -177,8 +177,9 @@ def manifest_preparing_demo(data_dir: str) -> Manifest:
     from pathlib import Path
 
     from raydiff.data.manifest import load_manifest
+    from raydiff.storage import resolved
 
-    embedded = "://" not in data_dir and Path(data_dir).resolve() == Path(DEFAULT_DATA).resolve()
+    embedded = resolved(data_dir) == resolved(DEFAULT_DATA)
     if embedded and not (Path(data_dir) / "manifest.json").is_file():
         from raydiff.data.prepare import PrepareOptions, prepare_dataset
 

@@ -10,8 +10,8 @@ Unlike the reference, the samplers here
 - update the loss history with one vectorised operation per batch (no per-element ``.item()``);
 - work with NumPy 2 (the reference used the removed ``np.int``);
 - expose ``state_dict()`` / ``load_state_dict()`` so the history survives restarts;
-- leave cross-worker synchronisation to a separate, pluggable ``LossSync`` (a torch.distributed
-  all-gather here; the Ray actor lives in ``raydiff.orchestrate``).
+- leave cross-worker synchronisation to a separate, pluggable ``LossSync`` (raydiff's Ray
+  training shares the history through an actor instead: ``raydiff.orchestrate``).
 """
 
 from __future__ import annotations
@@ -249,34 +249,6 @@ def append_loss_history(
     new_counts_all = counts.clone()
     new_counts_all[rows] = new_counts
     return new_history, new_counts_all
-
-
-class TorchDistributedLossSync:
-    """A ``LossSync`` over an initialised ``torch.distributed`` process group.
-
-    Pads every worker's batch to the largest size, all-gathers once, and drops the padding: two
-    collectives per update instead of the reference's per-element ``.item()`` loop.
-    """
-
-    def __call__(
-        self, local_ts: torch.Tensor, local_losses: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        import torch.distributed as dist
-
-        world = dist.get_world_size()
-        device = local_ts.device
-        size = torch.tensor([local_ts.numel()], device=device, dtype=torch.int64)
-        sizes = [torch.zeros_like(size) for _ in range(world)]
-        dist.all_gather(sizes, size)
-        max_size = int(max(s.item() for s in sizes))
-        packed = torch.zeros(2, max_size, device=device, dtype=torch.float64)
-        packed[0, : local_ts.numel()] = local_ts.to(torch.float64)
-        packed[1, : local_ts.numel()] = local_losses.detach().to(torch.float64)
-        gathered = [torch.zeros_like(packed) for _ in range(world)]
-        dist.all_gather(gathered, packed)
-        ts = torch.cat([g[0, : int(s.item())] for g, s in zip(gathered, sizes, strict=True)])
-        losses = torch.cat([g[1, : int(s.item())] for g, s in zip(gathered, sizes, strict=True)])
-        return ts.long(), losses
 
 
 def create_named_schedule_sampler(

@@ -16,8 +16,9 @@ import numpy as np
 from PIL import Image
 
 from raydiff.data.in_memory import read_split_pixels
-from raydiff.data.manifest import MANIFEST_NAME, is_remote, load_manifest
+from raydiff.data.manifest import MANIFEST_NAME, is_dataset, load_manifest
 from raydiff.errors import UserInputError
+from raydiff.storage import local_path
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg"})
 SOURCE_KINDS = "an .npz of samples (arr_0), a folder of PNG/JPEG images or a prepared dataset"
@@ -34,15 +35,13 @@ def load_images(source: str | Path, *, split: str = "test", limit: int | None = 
     """
     if limit is not None and limit < 1:
         raise UserInputError(f"limit={limit} is invalid: must be >= 1 (or None for all images)")
-    text = str(source)
-    if is_remote(text):
-        return _dataset_images(text, split=split, limit=limit)
-    path = Path(text.removeprefix("file://")).expanduser()
+    if is_dataset(source):
+        return _dataset_images(str(source), split=split, limit=limit)
+    path = local_path(source)
+    assert path is not None  # a URI is a dataset
     if not path.exists():
         raise UserInputError(f"{path} does not exist; expected {SOURCE_KINDS}")
     if path.is_dir():
-        if (path / MANIFEST_NAME).is_file():
-            return _dataset_images(str(path), split=split, limit=limit)
         return _folder_images(path, limit=limit)
     if path.suffix.lower() == ".npz":
         return _npz_images(path, limit=limit)
@@ -55,15 +54,14 @@ def load_labelled_images(
     """Images of ``source`` (as :func:`load_images`) and their int64 class labels: a sample
     ``.npz``'s ``arr_1`` (``raydiff sample`` writes the classes of class-conditional and guided
     samples there), or a prepared dataset's labels. Sources without labels are refused."""
-    text = str(source)
-    path = Path(text.removeprefix("file://")).expanduser()
-    if is_remote(text) or (path / MANIFEST_NAME).is_file():
-        uri = text if is_remote(text) else str(path)
-        images, labels = read_split_pixels(load_manifest(uri), split, limit=limit)
+    if is_dataset(source):
+        images, labels = read_split_pixels(load_manifest(str(source)), split, limit=limit)
         if (labels < 0).any():
             raise UserInputError(f"{source}: split {split!r} has no labels")
         return images, labels.astype(np.int64)
     images = load_images(source, split=split, limit=limit)
+    path = local_path(source)
+    assert path is not None  # a URI is a dataset
     if path.suffix.lower() != ".npz":
         raise UserInputError(
             f"{source} has no labels: give a sample .npz with arr_1 (the samples of a "

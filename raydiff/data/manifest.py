@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from raydiff.data.shards import ShardInfo, file_sha256
 from raydiff.errors import UserInputError
-from raydiff.storage import is_remote, open_filesystem
+from raydiff.storage import StoragePath, as_location, local_path, resolved
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -114,33 +114,21 @@ class Manifest:
         )
 
 
-def resolve_root(uri: str) -> str:
-    """An absolute local path (training workers chdir elsewhere) or the remote URI unchanged."""
-    if is_remote(uri):
-        return uri.rstrip("/")
-    if uri.startswith("file://"):
-        uri = uri[len("file://") :]
-    return str(Path(uri).expanduser().resolve())
+def is_dataset(location: str | os.PathLike[str] | StoragePath) -> bool:
+    """True where a prepared dataset is: a local folder with a manifest, or any URI (its manifest
+    is read, and its absence reported, when it is used)."""
+    local = local_path(location)
+    return local is None or (local / MANIFEST_NAME).is_file()
 
 
 def load_manifest(uri: str) -> Manifest:
     """Read ``manifest.json`` from a dataset folder given as a local path or a remote URI."""
-    root = resolve_root(uri)
+    root = resolved(uri)
     hint = f"prepare one with `raydiff prepare SOURCE --out {uri}`"
-    if is_remote(root):
-        import pyarrow.fs
-
-        filesystem, path = open_filesystem(root)  # S3 from the AWS environment
-        info = filesystem.get_file_info(f"{path}/{MANIFEST_NAME}")
-        if info.type == pyarrow.fs.FileType.NotFound:
-            raise FileNotFoundError(f"no {MANIFEST_NAME} at {root!r}: {hint}")
-        with filesystem.open_input_stream(f"{path}/{MANIFEST_NAME}") as f:
-            text = f.read().decode("utf-8")
-    else:
-        manifest_path = Path(root) / MANIFEST_NAME
-        if not manifest_path.is_file():
-            raise FileNotFoundError(f"no {MANIFEST_NAME} in {root!r}: {hint}")
-        text = manifest_path.read_text(encoding="utf-8")
+    manifest_path = as_location(root) / MANIFEST_NAME  # S3 configured from the AWS environment
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"no {MANIFEST_NAME} in {root!r}: {hint}")
+    text = manifest_path.read_text(encoding="utf-8")
     try:
         data = json.loads(text)
         if not isinstance(data, dict):
@@ -200,11 +188,12 @@ def check_compatible(
 def verify_shards(manifest: Manifest) -> None:
     """Check every local shard's size and SHA-256 against the manifest (raises
     ``UserInputError``)."""
-    if is_remote(manifest.root):
+    root = local_path(manifest.root)
+    if root is None:
         raise UserInputError("verify_shards reads local datasets only; download the dataset first")
     for split, info in manifest.splits.items():
         for shard in info.shards:
-            path = Path(manifest.root) / shard.path
+            path = root / shard.path
             if not path.is_file():
                 raise UserInputError(f"shard {shard.path} of split {split!r} is missing")
             if path.stat().st_size != shard.num_bytes or file_sha256(path) != shard.sha256:

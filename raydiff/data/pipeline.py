@@ -50,7 +50,7 @@ from raydiff.data.order import (
     start_block_order_at,
 )
 from raydiff.errors import UserInputError
-from raydiff.storage import open_filesystem
+from raydiff.storage import reader_paths
 
 if TYPE_CHECKING:
     import ray.data
@@ -257,15 +257,10 @@ def _read_shards(uris: list[str], *, shuffle: Any) -> ray.data.Dataset:
     use_v2 = getattr(context, "use_datasource_v2", None)
     if use_v2 is not None:
         context.use_datasource_v2 = False
-    filesystem = None
-    if uris and uris[0].startswith("s3://"):
-        # S3 as the AWS environment describes it (an endpoint, keys: raydiff.storage), which
-        # read_parquet's own from_uri would not see; its paths are then bucket/key.
-        filesystem = open_filesystem(uris[0])[0]
-        uris = [uri.removeprefix("s3://") for uri in uris]
+    paths, filesystem = reader_paths(uris)
     try:
         return ray.data.read_parquet(
-            uris, columns=SHARD_COLUMNS, shuffle=shuffle, filesystem=filesystem
+            paths, columns=SHARD_COLUMNS, shuffle=shuffle, filesystem=filesystem
         )
     finally:
         if use_v2 is not None:

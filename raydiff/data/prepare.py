@@ -23,7 +23,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar
 
@@ -36,7 +36,6 @@ from raydiff.data.manifest import (
     BadImage,
     Manifest,
     SplitInfo,
-    is_remote,
 )
 from raydiff.data.shards import NO_LABEL, ShardWriter
 from raydiff.data.sources import (
@@ -49,6 +48,7 @@ from raydiff.data.sources import (
 )
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.flags import flag
+from raydiff.storage import local_path
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class PrepareOptions:
             raise fail("source", "give an image folder, IDX, .npz or fashion-mnist")
         if not self.out:
             raise fail("out", "give the folder to create")
-        if is_remote(self.out):
+        if local_path(self.out) is None:
             raise fail(
                 "out",
                 "prepare writes a local folder (atomically); upload it afterwards, e.g. "
@@ -237,7 +237,8 @@ def prepare_dataset(options: PrepareOptions) -> PrepareSummary:
     _check_destination(out, overwrite=options.overwrite)
     source = open_source(options.source, labels=options.labels)
     location = str(source.location)
-    if "://" not in location and Path(location).resolve().is_relative_to(out):
+    local = local_path(location)
+    if local is not None and local.resolve().is_relative_to(out):
         raise UserInputError(
             f"--out {str(out)!r} contains the source {location!r}: replacing the folder would "
             "delete the images it is made from; choose another --out"
@@ -507,7 +508,7 @@ def _build_manifest(
     return Manifest(
         format_version=FORMAT_VERSION,
         raydiff_version=_raydiff_version(),
-        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
         source={"kind": source.kind, "location": source.location, "label_rule": source.label_rule},
         image_size=spec.image_size,
         channels=spec.channels,

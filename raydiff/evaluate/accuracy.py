@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raydiff.data.image_sources import load_labelled_images
-from raydiff.data.manifest import MANIFEST_NAME
+from raydiff.data.manifest import is_dataset
 from raydiff.evaluate.classifier_features import classifier_accuracy, load_classifier_features
 from raydiff.evaluate.report import add_to_tensorboard, run_checkpoint, write_json
 from raydiff.evaluate.samples_fid import (
@@ -23,7 +23,7 @@ from raydiff.evaluate.samples_fid import (
     sampler_suffix,
     samples_location,
 )
-from raydiff.storage import is_local, local_copy, resolve_location
+from raydiff.storage import local_copy, resolve_location
 
 
 @dataclass(kw_only=True)
@@ -45,16 +45,15 @@ def run_accuracy(
     """Accuracy of ``classifier`` on ``samples`` (a ``raydiff sample`` folder or npz with labels,
     or a prepared dataset's ``split``), written to ``accuracy_SPLIT.json`` beside the samples (a
     dataset's: in the classifier's run, ``RUN/evaluation/checkpoint_N/``) or to ``out``."""
-    location = resolve_location(samples)
-    is_dataset = not is_local(location) or (location / MANIFEST_NAME).is_file()
-    if is_dataset:
-        source, folder, record = location, None, {}
+    dataset = is_dataset(samples)
+    if dataset:
+        source, folder, record = resolve_location(samples), None, {}
     else:
         source, folder = samples_location(samples)
         record = read_sampling_record(folder)
         check_not_the_guide(classifier, record, flag="--classifier")
     evaluator = load_classifier_features(classifier, flag="--classifier")
-    if is_dataset:  # read in place, under a URI too
+    if dataset:  # read in place, under a URI too
         images, labels = load_labelled_images(str(source), split=split, limit=num_images)
     else:
         with local_copy(source) as local:
@@ -65,10 +64,10 @@ def run_accuracy(
         "num_images": len(images),
         "samples": str(source),
         "classifier": str(classifier),
-        **({"split": split} if is_dataset else {}),
+        **({"split": split} if dataset else {}),
         **({"checkpoint": record["checkpoint"]} if record.get("checkpoint") else {}),
     }
-    name = f"accuracy_{split}.json" if is_dataset else "accuracy.json"
+    name = f"accuracy_{split}.json" if dataset else "accuracy.json"
     if out is not None:
         target = resolve_location(out)
     elif folder is not None:

@@ -22,10 +22,6 @@ from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.keyed_noise import RowNoise
 from raydiff.seeding import derive_seed
 
-PER_TIMESTEP_TERMS = ("vb", "xstart_mse", "mse")
-"""``calc_bpd_loop``'s ``[N, T]`` terms (column 0 is t = T-1, the order of the walk)."""
-PER_IMAGE_TERMS = ("total_bpd", "prior_bpd")
-
 
 def bpd_noise(seed: int, indices: Sequence[int], *, device: torch.device | str) -> RowNoise:
     """The noise of every image at ``indices``: a stream each, keyed from (seed, index) alone."""

@@ -1,7 +1,7 @@
 """``raydiff evaluate bpd``'s work before and after Ray: every check and the images first
 (:func:`prepare_bpd`), then the files and TensorBoard scalars of the result
 (:func:`file_bpd_results`). The terms in between come from model actors
-(:func:`raydiff.orchestrate.evaluation.run_bpd`). No Ray here.
+(:func:`raydiff.orchestrate.model_actor.run_bpd`). No Ray here.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from raydiff.data.image_sources import SOURCE_KINDS, load_images
-from raydiff.data.manifest import is_remote
 from raydiff.errors import UserInputError
 from raydiff.evaluate.inception import (
     DEFAULT_BATCH_SIZE,
@@ -35,6 +34,7 @@ from raydiff.evaluate.inception import (
 )
 from raydiff.evaluate.precision_recall import NEIGHBOURHOOD, precision_recall
 from raydiff.evaluate.reference_cache import reference_features
+from raydiff.storage import local_path
 
 logger = logging.getLogger(__name__)
 
@@ -171,9 +171,9 @@ def _check_arguments(
     if num_images is not None and num_images < 1:
         raise UserInputError(f"num_images={num_images} is invalid: must be >= 1 (or None for all)")
     for role, source in (("samples", samples), ("reference", reference)):
-        text = str(source)
-        if not is_remote(text) and not Path(text.removeprefix("file://")).expanduser().exists():
-            raise UserInputError(f"{role} {text} does not exist; expected {SOURCE_KINDS}")
+        local = local_path(source)  # a URI's existence is checked when it is read
+        if local is not None and not local.exists():
+            raise UserInputError(f"{role} {source} does not exist; expected {SOURCE_KINDS}")
 
 
 def _warn_about_the_sets(

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from raydiff.data.image_sources import load_images
-from raydiff.data.manifest import MANIFEST_NAME, is_remote, load_manifest
+from raydiff.data.manifest import is_dataset, load_manifest
 from raydiff.evaluate.inception import DEFAULT_BATCH_SIZE, extract_features, extractor_id
+from raydiff.storage import local_path
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +47,8 @@ def reference_features(
     (prepare replaces it whole), so its cache goes with it; the manifest's creation time is
     checked too. Other references (npz, image folders, remote datasets) are not cached.
     """
-    text = str(reference)
-    local = Path(text.removeprefix("file://")).expanduser()
-    if is_remote(text) or not (local / MANIFEST_NAME).is_file():
+    local = local_path(reference)
+    if local is None or not is_dataset(local):
         images = load_images(reference, split=split, limit=num_images)
         features = extract_features(extractor, images, batch_size=batch_size, progress=progress)
         return features, images.shape[1:]

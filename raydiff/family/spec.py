@@ -40,6 +40,7 @@ from raydiff.config import (
 )
 from raydiff.config.presets import FAMILY_PREFIX, config_source, read_yaml_mapping, shipped_file
 from raydiff.config.resolve import resolve_config
+from raydiff.data.manifest import is_dataset
 from raydiff.data.prepare import PrepareOptions
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.train.tasks import task_spec
@@ -372,7 +373,7 @@ def check_family(family: Family) -> None:
 
 def _check_data(stage: TrainingStage, family: Family) -> None:
     data_dir = stage.config.data.data_dir
-    if "://" in data_dir or (Path(data_dir) / "manifest.json").is_file():
+    if is_dataset(data_dir):
         return
     if Path(data_dir).resolve() not in {Path(out).resolve() for out in family.datasets}:
         raise _refused(

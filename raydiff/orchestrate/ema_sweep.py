@@ -8,7 +8,7 @@ What is measured comes from the run's task (:attr:`raydiff.train.task.TaskSpec.p
   lengths differ only in their weights), their FD, precision and recall against the val split in
   an evaluator's features (:func:`raydiff.evaluate.samples_fid.run_fid`; ``--features`` or
   Inception's with ``--inception``), and the val bits/dim of ``--num-images`` images
-  (:func:`raydiff.orchestrate.evaluation.run_bpd`); ranked by FD. An upsampler's samples
+  (:func:`raydiff.orchestrate.model_actor.run_bpd`); ranked by FD. An upsampler's samples
   upsample the low-resolution versions of the first ``--num-samples`` val images (shrunk as in
   training, written once to ``SWEEP/low_res/``), so its FD measures the upsampling of the val
   split against the val split.
@@ -289,7 +289,7 @@ def _val_bpd(
     plan: SweepPlan, options: EmaOptions, weights: str, folder: StoragePath, *, address: str | None
 ) -> float:
     from raydiff.evaluate.options import BpdOptions
-    from raydiff.orchestrate.evaluation import run_bpd
+    from raydiff.orchestrate.model_actor import run_bpd
 
     result = run_bpd(
         BpdOptions(

@@ -33,6 +33,7 @@ from typing import IO, Literal
 from raydiff.config import ExperimentConfig
 from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError
 from raydiff.family.spec import Family, TrainingStage, load_family
+from raydiff.storage import local_path
 from raydiff.train.checkpoint import latest_checkpoint
 from raydiff.train.tracking import finish_parent_tracking, start_parent_tracking, start_tracking
 
@@ -142,12 +143,13 @@ def start_family_tracking(family: Family, *, out: Path) -> ExperimentConfig | No
 
 
 def _output_folder(output: str) -> Path:
-    if "://" in output:
+    folder = local_path(output)
+    if folder is None:
         raise UserInputError(
             f"--output {output}: a family's folder is local (its stages' logs and report are "
             "written there); its stages may still train on a cluster"
         )
-    return Path(output).resolve()
+    return folder.resolve()
 
 
 def _prepare_datasets(family: Family) -> None:

@@ -39,9 +39,11 @@ restart means for the calls:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -162,36 +164,33 @@ class _StepCount:
         self.num_timesteps = num_timesteps
 
 
-def actor_name(run_name: str) -> str:
-    return f"loss-history-{run_name}"
+def actor_name(run_dir: str | os.PathLike[str] | StoragePath) -> str:
+    """The name of the loss-history actor of the run in ``run_dir``: per run folder, not per
+    folder name (two runs called "demo" in different places must not share, or kill, one
+    history); the same for the driver, the workers and a sweep, whichever form they hold."""
+    where = str(resolve_location(run_dir))
+    return f"loss-history-{Path(where).name}-{hashlib.sha1(where.encode()).hexdigest()[:10]}"
 
 
 def get_or_create_actor(
-    run_name: str,
+    run_dir: str | os.PathLike[str] | StoragePath,
     *,
     num_timesteps: int,
-    run_dir: str | os.PathLike[str] | StoragePath | None = None,
     resume_checkpoint: str | os.PathLike[str] | StoragePath | None = None,
 ) -> ray.actor.ActorHandle:
-    """The run's named actor, created if it does not exist (one per run).
+    """The named actor of the run in ``run_dir``, created if it does not exist (one per run).
 
-    ``run_dir``: the run folder whose checkpoints a restarted actor loads its history from;
-    ``resume_checkpoint``: the checkpoint a ``--resume`` run started from (used while ``run_dir``
-    has none). Both only take effect when this call creates the actor (an existing one keeps
-    the arguments it was created with), so the driver and the workers must pass the same ones.
-    Without ``run_dir`` a restarted actor starts with an empty history.
+    A restarted actor loads its history from ``run_dir``'s checkpoints, or from
+    ``resume_checkpoint``, the checkpoint a ``--resume`` run started from, while ``run_dir`` has
+    none. It only takes effect when this call creates the actor (an existing one keeps the
+    checkpoint it was created with), so the driver and the workers must pass the same one.
     """
-    if run_dir is None:
-        logger.warning(
-            "loss-history actor of %s without run_dir: if it restarts, its history is lost",
-            run_name,
-        )
     return LossHistoryActor.options(
-        name=actor_name(run_name),
+        name=actor_name(run_dir),
         namespace=ACTOR_NAMESPACE,
         get_if_exists=True,
         lifetime="detached",
-    ).remote(num_timesteps, _actor_location(run_dir), _actor_location(resume_checkpoint))
+    ).remote(num_timesteps, resolve_location(run_dir), _actor_location(resume_checkpoint))
 
 
 def _actor_location(location: str | os.PathLike[str] | StoragePath | None) -> StoragePath | None:
@@ -200,14 +199,14 @@ def _actor_location(location: str | os.PathLike[str] | StoragePath | None) -> St
     return None if location is None else resolve_location(location)
 
 
-def kill_actor(run_name: str, *, timeout_s: float = 30.0) -> None:
+def kill_actor(run_dir: str | os.PathLike[str] | StoragePath, *, timeout_s: float = 30.0) -> None:
     """Remove the run's actor for good (detached actors outlive the driver otherwise).
 
     Returns once Ray has released the actor's name (``ray.kill`` only asks for the kill), so that
     a run started next on the same folder creates a new actor instead of finding the dying one,
     and no call reaches the old one after this returns; after ``timeout_s`` it logs a warning.
     """
-    name = actor_name(run_name)
+    name = actor_name(run_dir)
     try:
         actor = ray.get_actor(name, namespace=ACTOR_NAMESPACE)
     except ValueError:  # none (any more)
@@ -238,24 +237,19 @@ class ActorSyncedSampler(ScheduleSampler):
         self,
         diffusion: GaussianDiffusion,
         *,
-        run_name: str,
+        run_dir: str | os.PathLike[str] | StoragePath,
         rank: int,
         seed: int,
         refresh_interval: int = 10,
         broadcast: Any = None,
-        run_dir: str | os.PathLike[str] | StoragePath | None = None,
         resume_checkpoint: str | os.PathLike[str] | StoragePath | None = None,
     ) -> None:
         super().__init__(diffusion.num_timesteps, seed=seed)
-        self.run_name = run_name
         self.rank = rank
         self.refresh_interval = refresh_interval
         self.broadcast = broadcast
         self.actor = get_or_create_actor(
-            run_name,
-            num_timesteps=diffusion.num_timesteps,
-            run_dir=run_dir,
-            resume_checkpoint=resume_checkpoint,
+            run_dir, num_timesteps=diffusion.num_timesteps, resume_checkpoint=resume_checkpoint
         )
         self._weights = np.ones(diffusion.num_timesteps, dtype=np.float64)
         self._steps_seen = 0

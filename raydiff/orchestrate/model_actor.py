@@ -5,6 +5,9 @@ their work into batches whose result depends only on the batch (sample ``i`` on 
 image ``i``'s bound on ``(seed, i)``), hand the batches to whichever :class:`ModelActor` is free
 (``ray.util.ActorPool``) and put the results back in batch order: the same output on 1 or N
 workers. The actor builds its model once from weights the driver put in the object store.
+:func:`run_bpd` is ``raydiff evaluate bpd``'s (each of the ``T`` terms costs one model call per
+image: the demo model, T = 1000, takes ~10 s per image per CPU thread); sampling's is
+:mod:`raydiff.orchestrate.sampling`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +27,11 @@ from raydiff.errors import RunInterruptedError
 from raydiff.orchestrate.driver_signals import StopSignal, sigterm_as_ctrl_c
 
 if TYPE_CHECKING:
+    from raydiff.evaluate.bpd_job import BpdJob, BpdResult
+    from raydiff.evaluate.options import BpdOptions
     from raydiff.sample.classifier import Guidance
+
+logger = logging.getLogger(__name__)
 
 
 @ray.remote
@@ -99,7 +107,7 @@ class ModelActor:
 
         resolved = sampling_precision(precision, device=self.device)
         if resolved == "bf16" and self.device.type == "cpu" and not native_cpu_bf16():
-            logging.getLogger(__name__).warning(
+            logger.warning(
                 "--precision bf16 on a CPU without native bf16 kernels (no AVX512-BF16/AMX): "
                 "oneDNN emulates them, several times slower than fp32"
             )
@@ -273,3 +281,63 @@ def _call(
 ) -> Any:
     """``ActorPool``'s submit function for :func:`map_batches_in_order`."""
     return getattr(actor, method).remote(batch, *args, **kwargs)
+
+
+def run_bpd(
+    options: BpdOptions, *, address: str | None = None, tensorboard: bool = True
+) -> BpdResult:
+    """``raydiff evaluate bpd``: the bound in bits/dim of ``options.split``'s images under the
+    checkpoint's model, every check first (:func:`raydiff.evaluate.bpd_job.prepare_bpd`), the
+    images in fixed batches over model actors; ``tensorboard``: also in its run's TensorBoard (a
+    sweep of many weights does not)."""
+    from raydiff.evaluate.bpd_job import file_bpd_results, prepare_bpd
+    from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console
+
+    job = prepare_bpd(options)  # every check before Ray starts
+    ensure_ray(address=address, num_workers=options.num_workers, cpus_per_worker=1.0)
+    quiet_ray_console()
+    logger.info(
+        "bits/dim of %d %s images of %s under %s (%s): %d terms each, on %d worker(s)",
+        len(job.images),
+        options.split,
+        job.data_dir,
+        options.checkpoint,
+        job.loaded.weights.name,
+        job.num_timesteps + 1,
+        options.num_workers,
+    )
+    start = time.monotonic()
+    terms = _bound_on_actors(job, options)
+    seconds = time.monotonic() - start
+    return file_bpd_results(job, options, terms=terms, seconds=seconds, tensorboard=tensorboard)
+
+
+def _bound_on_actors(job: BpdJob, options: BpdOptions) -> dict[str, np.ndarray]:
+    """Every term of the bound of every image, batches spread over ``options.num_workers``
+    model actors; in image order."""
+    from tqdm.auto import tqdm
+
+    from raydiff.evaluate.bpd import concatenate_terms
+    from raydiff.sample.generate import index_batches
+
+    with (
+        model_actors(
+            job.loaded.config,
+            job.diffusion_config,
+            job.loaded.model.state_dict(),
+            num_workers=options.num_workers,
+            use_gpu=options.use_gpu,
+        ) as actors,
+        tqdm(total=len(job.images), unit="img", desc="bits/dim") as bar,
+    ):
+        parts = map_batches_in_order(
+            actors,
+            index_batches(len(job.images), options.batch_size),
+            "bpd",
+            ray.put(job.images),  # one copy in the object store for every batch
+            ray.put(job.labels) if job.labels is not None else None,
+            seed=options.seed,
+            clip_denoised=options.clip_denoised,
+            progress=bar,
+        )
+    return concatenate_terms(parts)

@@ -52,7 +52,6 @@ class RayRuntime:
         *,
         rank: int,
         world_size: int,
-        actor_key: str,
         output_dir: StoragePath,
         resume: StoragePath | None,
         num_val_images: int,
@@ -61,7 +60,6 @@ class RayRuntime:
         self.config = config
         self.cached_train = cached_train
         self.rank, self.world_size = rank, world_size
-        self.actor_key = actor_key
         self.output_dir = output_dir
         self.resume = resume
         self.num_val_images = num_val_images
@@ -105,13 +103,13 @@ class RayRuntime:
             return self.sampler
         sampler = ActorSyncedSampler(
             diffusion,
-            run_name=self.actor_key,
+            # The run's actor; where a restarted one reloads its history from (the driver
+            # passes the same).
+            run_dir=self.output_dir,
             rank=self.rank,
             seed=seed,
             refresh_interval=self.config.scaling.sampler_refresh_interval,
             broadcast=_broadcast_from_rank0 if self.world_size > 1 else None,
-            # Where a restarted actor reloads its history from (the driver passes the same).
-            run_dir=self.output_dir,
             resume_checkpoint=self.resume,
         )
         if fresh:

@@ -45,12 +45,10 @@ from raydiff.orchestrate.driver_signals import sigterm_as_ctrl_c
 from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console, verbose
 from raydiff.orchestrate.training_job import (
     run_training_job,
-    sampler_actor_key,
     with_absolute_data_dir,
 )
 from raydiff.storage import (
     StoragePath,
-    as_location,
     names_a_bucket,
     ray_storage,
     resolve_location,
@@ -144,7 +142,7 @@ class TrialLifecycle(tune.Callback):
     def _release(self, trial: Any) -> None:
         from raydiff.orchestrate.loss_history_actor import kill_actor
 
-        kill_actor(sampler_actor_key(self._trials_dir / self._name(trial)))
+        kill_actor(self._trials_dir / self._name(trial))
 
 
 @dataclass(kw_only=True)
@@ -501,7 +499,7 @@ def _run(
     from raydiff.orchestrate.loss_history_actor import kill_actor
 
     for row in rows:  # trials stopped by Ctrl-C never reach TrialLifecycle's clean-up
-        kill_actor(sampler_actor_key(as_location(row.run_dir)))
+        kill_actor(row.run_dir)
     rows.sort(key=lambda r: r.trial)
     columns = [m.key for m in loaded.task.metrics if m.headline]
     table = format_table(rows, loaded.ranking, columns=columns)

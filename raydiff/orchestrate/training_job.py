@@ -6,9 +6,7 @@ it once per trial.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
 import logging
 import re
 from pathlib import Path
@@ -28,10 +26,10 @@ from raydiff.orchestrate.ray_session import (
 )
 from raydiff.storage import (
     StoragePath,
-    is_local,
     names_a_bucket,
     ray_storage,
     resolve_location,
+    resolved,
 )
 from raydiff.train.preflight import StartPoint, plan_start
 from raydiff.train.run_lock import run_lock
@@ -46,15 +44,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def absolute_uri(uri: str) -> str:
-    """A local path made absolute (workers and trials run in other folders); URIs as given."""
-    return uri if "://" in uri else str(Path(uri).expanduser().resolve())
-
-
 def with_absolute_data_dir(config: ExperimentConfig) -> ExperimentConfig:
-    """``config`` with its dataset's local path made absolute (:func:`absolute_uri`): a new
-    config, the caller's is left as it was."""
-    data = dataclasses.replace(config.data, data_dir=absolute_uri(config.data.data_dir))
+    """``config`` with its dataset's local path made absolute (workers and trials run in other
+    folders): a new config, the caller's is left as it was."""
+    data = dataclasses.replace(config.data, data_dir=resolved(config.data.data_dir))
     return dataclasses.replace(config, data=data)
 
 
@@ -75,15 +68,6 @@ def storage_options(run_dir: StoragePath) -> dict[str, Any]:
     credentials included: ``raydiff.storage``); Train's controller and workers use it as is."""
     path, filesystem = ray_storage(run_dir.parent)
     return {"storage_path": path, "storage_filesystem": filesystem}
-
-
-def sampler_actor_key(run_dir: StoragePath) -> str:
-    """The key of the loss-history actor of the run in ``run_dir`` (an absolute path or a URI).
-
-    Per run folder, not per folder name: two runs called "demo" in different places must not
-    share (or kill) one loss history.
-    """
-    return f"{run_dir.name}-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]}"
 
 
 def dataset_config(data: DataConfig, *, split_train: bool = True) -> ray.train.DataConfig:
@@ -145,8 +129,7 @@ def run_training_job(
         return start.finished
     # One driver per run folder (raydiff.train.run_lock): a second one is refused here, before
     # Ray starts; the lock is held until this run returns or fails.
-    # Object stores have no locks: one driver per remote run folder is the user's to ensure.
-    with run_lock(out) if is_local(out) else contextlib.nullcontext():
+    with run_lock(out):
         # The run's tracked runs, created once and continued by every later attempt.
         start_tracking(config, run_dir=out, parent=tracking_parent)
         return _train_on_ray(
@@ -192,22 +175,17 @@ def _train_on_ray(
     if start.checkpoint is not None:
         logger.info("continuing from %s (step %d)", start.checkpoint, start.progress.get("step", 0))
     datasets = _datasets(config, manifest=manifest, start=start, cached_splits=cached_splits)
-    actor_key = sampler_actor_key(out)
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:
         from raydiff.orchestrate.loss_history_actor import get_or_create_actor
 
         get_or_create_actor(
-            actor_key,
-            num_timesteps=config.diffusion.diffusion_steps,
-            run_dir=out,
-            resume_checkpoint=start.checkpoint,
+            out, num_timesteps=config.diffusion.diffusion_steps, resume_checkpoint=start.checkpoint
         )
     trainer = _torch_trainer(
         config,
         out=out,
         start=start,
-        actor_key=actor_key,
         datasets=datasets,
         num_val_images=num_val_images(config, manifest=manifest) if "val" in datasets else 0,
         callbacks=callbacks,
@@ -236,7 +214,7 @@ def _train_on_ray(
         if actor_needed:
             from raydiff.orchestrate.loss_history_actor import kill_actor
 
-            kill_actor(actor_key)
+            kill_actor(out)
         if evaluator is not None:
             ray.kill(evaluator)
     return _final_metrics(result, evaluation=evaluation, out=out)
@@ -313,7 +291,6 @@ def _torch_trainer(
     *,
     out: StoragePath,
     start: StartPoint,
-    actor_key: str,
     datasets: dict[str, Any],
     num_val_images: int,
     callbacks: list[Any],
@@ -336,7 +313,6 @@ def _torch_trainer(
         train_loop_per_worker,
         train_loop_config={
             "config": config,  # the typed config itself: it crosses to the workers once
-            "actor_key": actor_key,
             "output_dir": out,  # a Path, or a RemotePath with its filesystem
             # What the workers start from while the run folder has no complete checkpoint of
             # its own (then they take its newest, RayRuntime.resume_checkpoint): --resume, or
@@ -379,11 +355,8 @@ def _final_metrics(
     metrics = dict(result.return_value or {})
     if evaluation is not None:
         metrics["evaluation"] = evaluation
-    if result.checkpoint is not None:
-        checkpoint = result.checkpoint.path
-        if not is_local(out):  # a path on the run's filesystem: give the URI
-            checkpoint = str(out / Path(checkpoint).name)
-        metrics["checkpoint"] = checkpoint
+    if result.checkpoint is not None:  # Ray's path is on the run's filesystem: name it in out
+        metrics["checkpoint"] = str(out / Path(result.checkpoint.path).name)
     metrics["output_dir"] = str(out)
     return metrics
 

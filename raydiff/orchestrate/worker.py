@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     """The function every Ray Train worker runs.
 
-    ``loop_config``: ``config`` (the ExperimentConfig itself), ``actor_key`` (names the run's
-    loss-history actor), ``output_dir``, ``resume`` (the checkpoint to start from when Ray Train has
+    ``loop_config``: ``config`` (the ExperimentConfig itself), ``output_dir`` (which also names
+    the run's loss-history actor), ``resume`` (the checkpoint to start from when Ray Train has
     none of its own for this run; both local paths, or ``raydiff.storage.RemotePath`` s that
     carry their filesystem), ``datasets`` (the names of the datasets passed to Train),
     ``num_val_images`` (the val rows the workers evaluate, 0 without a val split), ``make_task``
@@ -46,7 +46,6 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         config,
         rank=context.get_world_rank(),
         world_size=context.get_world_size(),
-        actor_key=loop_config["actor_key"],
         output_dir=as_location(loop_config["output_dir"]),
         resume=as_location(loop_config["resume"]) if loop_config["resume"] else None,
         num_val_images=loop_config["num_val_images"],

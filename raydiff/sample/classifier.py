@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 from raydiff.config import DATA_FIELDS_DERIVED, ExperimentConfig, from_dict, to_dict
 from raydiff.errors import UserInputError
 from raydiff.factory import create_classifier
-from raydiff.storage import StoragePath, as_location, is_local
+from raydiff.storage import StoragePath, as_location, local_copy
 from raydiff.train.checkpoint import load_model_weights
 
 MODEL_FLAGS = ("image_size", "in_channels", "num_classes")
@@ -72,7 +71,7 @@ def load_classifier(
     from raydiff.sample.load import load_sampling_model
 
     location = as_location(path)
-    if not is_local(location) or location.is_dir():
+    if location.is_dir():
         if flags:
             raise UserInputError(
                 f"{flag} {path} is a raydiff checkpoint: its config.json describes the "
@@ -82,8 +81,7 @@ def load_classifier(
         return Classifier(network=loaded.model, config=loaded.config)
     if weights is not None:
         raise UserInputError(f"{flag}-weights applies to raydiff checkpoints; {path} is one file")
-    file = Path(location)
-    if not file.is_file():
+    if not location.is_file():
         raise FileNotFoundError(f"{flag} {str(path)!r} does not exist")
     if model_config is None:
         raise UserInputError(
@@ -92,7 +90,8 @@ def load_classifier(
         )
     config = classifier_config_from_flags(flags or {}, model_config=model_config)
     network = create_classifier(config)
-    load_model_weights(network, file)
+    with local_copy(location) as file:
+        load_model_weights(network, file)
     return Classifier(network=network.eval(), config=config)
 
 

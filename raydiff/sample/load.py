@@ -18,7 +18,7 @@ from raydiff.config import (
 )
 from raydiff.config.resolve import saved_config
 from raydiff.errors import UserInputError
-from raydiff.storage import StoragePath, as_location, is_local, local_copy
+from raydiff.storage import StoragePath, as_location, local_copy
 from raydiff.train.checkpoint import load_model_weights, require_checkpoint_dir
 from raydiff.train.tasks import task_spec
 
@@ -89,23 +89,33 @@ def load_sampling_model(
     rate, flags that do not match the file's keys) is a one-line error naming it.
     """
     location = as_location(path)
-    if not is_local(location):
-        with local_copy(location) as local:
-            try:
-                return load_sampling_model(
-                    local,
-                    weights=weights,
-                    model_flags=model_flags,
-                    config_file=config_file,
-                    task=task,
-                    or_task=or_task,
-                )
-            except UserInputError as error:  # name the URI, not the temporary download
-                message = str(error)
-                if str(local) not in message:
-                    raise
-                raise UserInputError(message.replace(str(local), str(location))) from None
-    path = Path(location)
+    with local_copy(location) as local:
+        try:
+            return _load_local_model(
+                local,
+                weights=weights,
+                model_flags=model_flags,
+                config_file=config_file,
+                task=task,
+                or_task=or_task,
+            )
+        except UserInputError as error:  # name the URI, not the temporary download
+            message = str(error)
+            if str(local) == str(location) or str(local) not in message:
+                raise
+            raise UserInputError(message.replace(str(local), str(location))) from None
+
+
+def _load_local_model(
+    path: Path,
+    *,
+    weights: str | None,
+    model_flags: str | None,
+    config_file: str | None,
+    task: str,
+    or_task: str | None,
+) -> SamplingModel:
+    """:func:`load_sampling_model` of a local path."""
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if path.is_dir():

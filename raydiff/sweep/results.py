@@ -8,6 +8,7 @@ from typing import Any
 
 from raydiff.config import ExperimentConfig, to_yaml
 from raydiff.config.resolve import saved_config
+from raydiff.errors import first_line
 from raydiff.results_table import Ranking, cell, csv_text, text_table
 from raydiff.storage import StoragePath, as_location, write_text_atomically
 
@@ -35,17 +36,10 @@ class TrialRow:
 
 
 def trial_status(*, error: BaseException | str | None, step: int | None, max_steps: int) -> str:
-    """What became of a trial: failed (with the error's first line), finished or stopped early."""
+    """What became of a trial: failed (with its error as one line), finished or stopped early."""
     if error is not None:
-        text = str(error).strip().splitlines()
-        return f"failed: {_error_line(text)}"
+        return f"failed: {first_line(error) or 'unknown error'}"
     return "finished" if step is not None and step >= max_steps else "stopped early"
-
-
-def _error_line(lines: list[str]) -> str:
-    # Ray wraps a trial's exception in several layers; the last non-empty line is its message.
-    meaningful = [line.strip() for line in lines if line.strip()]
-    return (meaningful[-1] if meaningful else "unknown error")[:200]
 
 
 def best_row(rows: Sequence[TrialRow], ranking: Ranking) -> TrialRow | None:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raydiff.errors import UserInputError
-from raydiff.storage import StoragePath, as_location, is_local, upload
+from raydiff.storage import StoragePath, as_location, local_path, upload
 
 if TYPE_CHECKING:
     import torch
@@ -128,27 +128,28 @@ def read_metrics(directory: StoragePath) -> dict[str, float]:
 
 def save_checkpoint(root: StoragePath, step: int, **files: Any) -> StoragePath:
     """Atomically create ``root/checkpoint_{step}`` holding ``files`` (see write_checkpoint_files)."""
-    if not is_local(root):
+    local = local_path(root)
+    if local is None:  # an object store: no rename, so an upload order
         return _upload_checkpoint(root, step, **files)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / checkpoint_name(step)
+    local.mkdir(parents=True, exist_ok=True)
+    final = local / checkpoint_name(step)
     # Temporaries of an earlier process that was killed mid-save (one writer per run folder).
-    for stale in root.glob(".checkpoint_*.tmp-*"):
+    for stale in local.glob(".checkpoint_*.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=local))
     try:
         write_checkpoint_files(tmp, **files)
         for f in tmp.iterdir():  # make the bytes durable before the rename publishes them
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         if final.exists():  # the same step again: move the old one aside, then drop it
-            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-old-", dir=root))
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-old-", dir=local))
             os.rename(final, old / final.name)
             os.rename(tmp, final)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync_directory(root)  # the rename itself survives a power cut
+        _fsync_directory(local)  # the rename itself survives a power cut
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

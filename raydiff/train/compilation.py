@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 import torch
 
-from raydiff.storage import StoragePath, is_local, write_bytes_atomically
+from raydiff.storage import StoragePath, local_path, write_bytes_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +79,14 @@ class CompileCache:
     def inductor_folder(self) -> Iterator[None]:
         """Inductor's cache folder in the run folder while the block runs (a local run folder
         only: inductor needs an OS path); the previous setting back afterwards."""
-        if not is_local(self.folder):
+        local = local_path(self.folder)
+        if local is None:
             yield
             return
         before = os.environ.get(INDUCTOR_CACHE_VARIABLE)
         # Inductor reads the variable whenever it looks up its cache, so setting it before the
         # first compiled step is enough.
-        os.environ[INDUCTOR_CACHE_VARIABLE] = str(self.folder / INDUCTOR_FOLDER)
+        os.environ[INDUCTOR_CACHE_VARIABLE] = str(local / INDUCTOR_FOLDER)
         try:
             yield
         finally:

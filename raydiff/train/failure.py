@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from raydiff.errors import first_line
+
 STEP_NOTE = "raydiff: raised in training step "
 """The note's text before the step number (step 0: while the loop was being built)."""
 
@@ -52,13 +54,11 @@ class LoopFailure:
         kind = type(error)
         return cls(type=f"{kind.__module__}.{kind.__qualname__}", message=str(error), step=step)
 
-    def describe(self, *, limit: int = 200) -> str:
+    def describe(self) -> str:
         """``ValueError: message`` in one line (the type's own name, as a traceback's last line
-        has it; the message's first line, cut to ``limit`` characters)."""
+        has it; the message as :func:`raydiff.errors.first_line` quotes one)."""
         name = self.type.rpartition(".")[2]
-        line = next((s.strip() for s in self.message.splitlines() if s.strip()), "")
-        if len(line) > limit:
-            line = line[: limit - 3] + "..."
+        line = first_line(self.message)
         return f"{name}: {line}" if line else name
 
 

@@ -21,7 +21,7 @@ from raydiff.core.timestep_sampler import ScheduleSampler, create_named_schedule
 from raydiff.data.in_memory import infinite_batches, load_split_tensors
 from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.errors import UserInputError
-from raydiff.storage import StoragePath, is_local, local_copy, resolve_location
+from raydiff.storage import StoragePath, local_copy, resolve_location
 from raydiff.train.checkpoint import save_checkpoint
 from raydiff.train.data_position import DataPosition
 from raydiff.train.loop import run_loop
@@ -153,10 +153,7 @@ def run_single_process(
     )
     if start.finished is not None:
         return start.finished
-    # One driver per run folder, as a Ray run (object stores have no locks: there it is the
-    # user's to ensure).
-    lock = run_lock(output_dir) if is_local(output_dir) else contextlib.nullcontext()
-    with lock:
+    with run_lock(output_dir):  # one driver per run folder, as a Ray run
         start_tracking(config, run_dir=output_dir)  # the tracked runs a Ray run would continue
         data = config.data
         labels_wanted = config.model.class_cond

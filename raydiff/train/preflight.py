@@ -15,7 +15,7 @@ from typing import Any
 from raydiff.config import ExperimentConfig, to_dict
 from raydiff.data.manifest import Manifest, check_compatible
 from raydiff.errors import UserInputError
-from raydiff.storage import StoragePath, as_location, is_local
+from raydiff.storage import StoragePath, as_location, local_path
 from raydiff.train.checkpoint import (
     read_metrics,
     read_progress,
@@ -164,9 +164,10 @@ def check_resume_compatible(config: ExperimentConfig, checkpoint: StoragePath) -
         and f"{section}.{name}" not in RESUMABLE_CHANGES
     ]
     if changed:
-        weights = checkpoint / "model.pt"
-        if not is_local(weights):  # init_checkpoint is read by every worker: local only
-            weights = f"PATH (a copy of {weights} on a local or shared disk)"
+        # init_checkpoint is read by every worker: local only
+        weights = local_path(checkpoint / "model.pt") or (
+            f"PATH (a copy of {checkpoint / 'model.pt'} on a local or shared disk)"
+        )
         raise UserInputError(
             f"cannot continue {checkpoint} with different model/diffusion settings ("
             + "; ".join(changed)

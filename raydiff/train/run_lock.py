@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from raydiff.errors import UserInputError
+from raydiff.storage import StoragePath, local_path
 
 LOCK_FILE = ".run.lock"
 
@@ -39,10 +40,15 @@ class RunFolderInUseError(UserInputError):
 
 
 @contextlib.contextmanager
-def run_lock(run_dir: str | os.PathLike[str]) -> Iterator[Path]:
+def run_lock(location: str | os.PathLike[str] | StoragePath) -> Iterator[Path | None]:
     """Hold the run folder's lock while the block runs (creating the folder); yields the lock
-    file. Raises :class:`RunFolderInUseError` at once when another driver holds it."""
-    run_dir = Path(run_dir)
+    file. Raises :class:`RunFolderInUseError` at once when another driver holds it. A URI's
+    folder has no lock (object stores have none: one driver per remote run folder is the user's
+    to ensure); the block runs and gets None."""
+    run_dir = local_path(location)
+    if run_dir is None:
+        yield None
+        return
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -55,7 +55,7 @@ def test_bpd_is_the_same_on_one_and_two_workers_and_reaches_the_runs_tensorboard
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from raydiff.evaluate.options import BpdOptions
-    from raydiff.orchestrate.evaluation import run_bpd
+    from raydiff.orchestrate.model_actor import run_bpd
 
     results = {}
     for workers in (1, 2):

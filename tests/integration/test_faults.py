@@ -196,10 +196,9 @@ def serve_cluster(temp_dir: str) -> None:
 
     def actor(run_dir: str) -> Any:
         from raydiff.orchestrate.loss_history_actor import ACTOR_NAMESPACE, actor_name
-        from raydiff.orchestrate.training_job import sampler_actor_key
 
         connect()
-        name = actor_name(sampler_actor_key(Path(run_dir)))
+        name = actor_name(run_dir)
         return ray.get_actor(name, namespace=ACTOR_NAMESPACE)
 
     respond({"address": cluster.address})
@@ -230,11 +229,10 @@ def serve_cluster(temp_dir: str) -> None:
                     LossHistoryActor,
                     actor_name,
                 )
-                from raydiff.orchestrate.training_job import sampler_actor_key
 
                 connect()
                 run_dir = Path(request["run_dir"])
-                name = actor_name(sampler_actor_key(run_dir))
+                name = actor_name(run_dir)
                 raylet = nodes[request["node_id"]].all_processes["raylet"][0].process.pid
                 # Soft affinity also falls back to another node while the scheduler does not
                 # know a just-added node yet: place it again until it is where it was asked.
@@ -670,7 +668,6 @@ def interrupted_run(fault_cluster, tiny_dataset, tmp_path_factory) -> Interrupte
     max_steps = 16
     args = (fault_cluster, tiny_dataset.path, out, f"train.max_steps={max_steps}")
     from raydiff.orchestrate.loss_history_actor import actor_name
-    from raydiff.orchestrate.training_job import sampler_actor_key
     from raydiff.train.checkpoint import latest_checkpoint
 
     with driver(*args) as first:
@@ -683,7 +680,7 @@ def interrupted_run(fault_cluster, tiny_dataset, tmp_path_factory) -> Interrupte
     assert last_checkpoint is not None, first.text()[-4000:]
     workers_left = train_worker_pids(fault_cluster, out)
     named = {a["name"] for a in fault_cluster.request("named_actors")}
-    actor_left = actor_name(sampler_actor_key(out)) in named
+    actor_left = actor_name(out) in named
 
     placed = fault_cluster.request(
         "place_actor", run_dir=str(out), num_timesteps=500, node_id=actor_node.node_id

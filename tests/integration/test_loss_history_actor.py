@@ -29,16 +29,17 @@ def _loss_of(t: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture
-def run_name() -> Iterator[str]:
+def run_dir(tmp_path: Path) -> Iterator[Path]:
+    """A run folder: it names the run's actor."""
     from raydiff.orchestrate.loss_history_actor import kill_actor
 
-    name = f"test-sampler-{uuid.uuid4().hex[:10]}"
-    yield name
-    kill_actor(name)  # detached: it would outlive the test session otherwise
+    folder = tmp_path / f"test-sampler-{uuid.uuid4().hex[:10]}"
+    yield folder
+    kill_actor(folder)  # detached: it would outlive the test session otherwise
 
 
 def test_two_ranks_reach_the_same_non_uniform_weights_at_the_same_steps(
-    ray_cluster: None, tmp_path: Path, run_name: str
+    ray_cluster: None, tmp_path: Path, run_dir: Path
 ) -> None:
     import ray.train
     from ray.train.torch import TorchTrainer
@@ -49,7 +50,7 @@ def test_two_ranks_reach_the_same_non_uniform_weights_at_the_same_steps(
     out = tmp_path / "weights"
     out.mkdir()
     # The driver creates the actor first, as the training driver does.
-    get_or_create_actor(run_name, num_timesteps=NUM_TIMESTEPS, run_dir=tmp_path / "run")
+    get_or_create_actor(run_dir, num_timesteps=NUM_TIMESTEPS)
 
     def loop(config: dict) -> None:
         import numpy as np
@@ -61,12 +62,11 @@ def test_two_ranks_reach_the_same_non_uniform_weights_at_the_same_steps(
         rank = ray.train.get_context().get_world_rank()
         sampler = ActorSyncedSampler(
             _StepCount(config["num_timesteps"]),
-            run_name=config["run_name"],
+            run_dir=config["run_dir"],
             rank=rank,
             seed=1000 + rank,
             refresh_interval=config["refresh_interval"],
             broadcast=lambda tensor: dist.broadcast(tensor, src=0),
-            run_dir=config["run_dir"],
         )
         sampler.reset_history()  # a fresh run (rank 0 empties the actor)
         dist.barrier()  # no rank records before the reset (DDP's all-reduce orders it in training)
@@ -90,15 +90,14 @@ def test_two_ranks_reach_the_same_non_uniform_weights_at_the_same_steps(
         loop,
         train_loop_config={
             "num_timesteps": NUM_TIMESTEPS,
-            "run_name": run_name,
             "refresh_interval": refresh_interval,
             "num_steps": num_steps,
             "batch": batch,
             "out": str(out),
-            "run_dir": str(tmp_path / "run"),
+            "run_dir": str(run_dir),
         },
         scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
-        run_config=ray.train.RunConfig(name=run_name, storage_path=str(tmp_path / "storage")),
+        run_config=ray.train.RunConfig(name=run_dir.name, storage_path=str(tmp_path / "storage")),
     ).fit()
     print(f"fit: {time.time() - started:.1f}s")
     ranks = [np.load(out / f"rank{rank}.npz") for rank in (0, 1)]
@@ -177,18 +176,18 @@ def _kill_and_wait_for_exit(actor: ActorHandle) -> int:
 
 
 def test_a_killed_actor_comes_back_with_the_newest_checkpoints_history(
-    ray_cluster: None, tmp_path: Path, run_name: str
+    ray_cluster: None, tmp_path: Path, run_dir: Path
 ) -> None:
     import ray
 
     from raydiff.orchestrate.loss_history_actor import (
         ActorSyncedSampler,
         _StepCount,
+        actor_name,
         get_or_create_actor,
         kill_actor,
     )
 
-    run_dir = tmp_path / "run"
     # A --resume run: its folder has no checkpoint yet, the history comes from another run's.
     source = _save_sampler_checkpoint(
         tmp_path / "other-run",
@@ -198,16 +197,13 @@ def test_a_killed_actor_comes_back_with_the_newest_checkpoints_history(
             "loss_counts": torch.full((NUM_TIMESTEPS,), 3),
         },
     )
-    actor = get_or_create_actor(
-        run_name, num_timesteps=NUM_TIMESTEPS, run_dir=run_dir, resume_checkpoint=source
-    )
+    actor = get_or_create_actor(run_dir, num_timesteps=NUM_TIMESTEPS, resume_checkpoint=source)
     sampler = ActorSyncedSampler(
         _StepCount(NUM_TIMESTEPS),
-        run_name=run_name,
+        run_dir=run_dir,
         rank=0,
         seed=0,
         refresh_interval=1000,
-        run_dir=run_dir,
         resume_checkpoint=source,
     )
     first = ray.get(actor.info.remote())
@@ -256,7 +252,9 @@ def test_a_killed_actor_comes_back_with_the_newest_checkpoints_history(
     print(f"restart to first answer: {restart_s:.1f}s")
 
     # kill_actor ends it for good (no restart): the name is free again.
-    kill_actor(run_name)
+    kill_actor(run_dir)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(actor.info.remote())
-    assert run_name not in {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    assert actor_name(run_dir) not in {
+        a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+    }

@@ -179,7 +179,7 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     # The bound of the checkpoint in the bucket: its run folder there gets the results and the
     # TensorBoard scalars, as a local run's does.
     from raydiff.evaluate.options import BpdOptions
-    from raydiff.orchestrate.evaluation import run_bpd
+    from raydiff.orchestrate.model_actor import run_bpd
 
     bpd = run_bpd(
         BpdOptions(

@@ -77,12 +77,11 @@ def two_worker_run_in(out: Path, data_dir: Path) -> TwoWorkerRun:
     import ray
 
     from raydiff.orchestrate.loss_history_actor import get_or_create_actor
-    from raydiff.orchestrate.training_job import sampler_actor_key
 
     # The loss-history actor is detached: one left by a killed driver (or by a worker group that
     # failed before its first checkpoint) must not lend its losses to a run that starts afresh
     # (test_two_workers_write_checkpoints_events_and_samples counts the losses).
-    stale = get_or_create_actor(sampler_actor_key(out.resolve()), num_timesteps=500)
+    stale = get_or_create_actor(out.resolve(), num_timesteps=500)
     ray.get(stale.record.remote(np.arange(40), np.ones(40)))
     with _RayProcessTitles() as titles:  # what ran, seen while it ran
         result = run(

@@ -10,11 +10,11 @@ Nothing here starts Ray or needs network or credentials.
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 import yaml
 
 pytestmark = pytest.mark.unit

@@ -9,10 +9,9 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from raydiff.dashboards import TRAINING_DASHBOARD
 from raydiff.orchestrate.metrics import metric_names

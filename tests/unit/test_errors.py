@@ -163,3 +163,13 @@ def test_first_line_of_a_plain_message_is_its_first_line() -> None:
     assert first_line(ValueError("x" * 300), limit=10) == "xxxxxxx..."
     # A later line that mentions an error without naming a raised one is not picked.
     assert first_line(OSError("disk full\nno Error here")) == "disk full"
+
+
+def test_first_line_quotes_a_kept_message_by_the_same_rule() -> None:
+    """A message kept as text (a trial's error, a failure compared across worker groups) is
+    quoted as its exception would be; an empty one is empty."""
+    from raydiff.errors import first_line
+
+    trial = "Failure # 1\nTraceback (most recent call last):\n  File 'x'\nValueError: boom."
+    assert first_line(trial) == first_line(RuntimeError(trial)) == "ValueError: boom"
+    assert first_line("") == "" and first_line(" \n") == ""

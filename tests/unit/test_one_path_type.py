@@ -1,7 +1,8 @@
 """One path type: a local folder and a URI are both a ``raydiff.storage.StoragePath``, and only
-raydiff/storage.py asks which one a path is. Elsewhere nothing checks ``isinstance(...,
-RemotePath)`` or spells the union ``Path | RemotePath`` again: the branch goes into a storage
-function (``is_local``, ``ray_storage``, ``append_line``, ...) that every caller shares."""
+raydiff/storage.py decides which one a path or a name is. Elsewhere nothing checks
+``isinstance(..., RemotePath)``, spells the union ``Path | RemotePath`` again, looks for
+``"://"`` in a name or calls ``is_remote`` / ``is_local``: the branch goes into a storage function
+(``local_path``, ``resolved``, ``ray_storage``, ``append_line``, ...) that every caller shares."""
 
 from __future__ import annotations
 
@@ -26,9 +27,28 @@ def _names(node: ast.AST) -> set[str]:
     return found
 
 
+# storage.py's own tests: is_remote(text) is its rule, is_local was its earlier name for one.
+STORAGE_TESTS = frozenset({"is_remote", "is_local"})
+
+
+def _storage_decision(node: ast.AST) -> str | None:
+    """What ``node`` is, when it decides local or URI outside storage.py."""
+    if isinstance(node, ast.Constant) and node.value == "://":
+        return '"://"'
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        if name in STORAGE_TESTS:
+            return f"{name}(...)"
+        if name == "isinstance" and len(node.args) == 2 and "RemotePath" in _names(node.args[1]):
+            return "isinstance(..., RemotePath)"
+    return None
+
+
 def path_type_checks(root: Path) -> list[str]:
-    """``file:line what`` for each ``isinstance(..., RemotePath)`` and each ``Path |
-    RemotePath`` in the Python files under ``root``'s scanned folders, storage.py excepted."""
+    """``file:line what`` for each ``isinstance(..., RemotePath)``, ``Path | RemotePath``,
+    ``"://"`` and call of ``is_remote`` or ``is_local`` in the Python files under ``root``'s
+    scanned folders, storage.py excepted."""
     found = []
     for folder in SCANNED:
         for path in sorted((root / folder).rglob("*.py")):
@@ -36,18 +56,15 @@ def path_type_checks(root: Path) -> list[str]:
             if relative == STORAGE:
                 continue
             text = path.read_text()
-            for number, line in enumerate(text.splitlines(), start=1):
-                if UNION.search(line):
-                    found.append(f"{relative}:{number} Path | RemotePath")
+            spotted = [
+                (number, "Path | RemotePath")
+                for number, line in enumerate(text.splitlines(), start=1)
+                if UNION.search(line)
+            ]
             for node in ast.walk(ast.parse(text, filename=str(path))):
-                if (
-                    isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Name)
-                    and node.func.id == "isinstance"
-                    and len(node.args) == 2
-                    and "RemotePath" in _names(node.args[1])
-                ):
-                    found.append(f"{relative}:{node.lineno} isinstance(..., RemotePath)")
+                if what := _storage_decision(node):
+                    spotted.append((node.lineno, what))
+            found += [f"{relative}:{number} {what}" for number, what in sorted(spotted)]
     return found
 
 
@@ -66,11 +83,18 @@ def test_the_check_sees_each_spelling(tmp_path: Path) -> None:
         "    if isinstance(\n        q, (Path, RemotePath)\n    ):\n"
         "        pass\n"
     )
-    (tmp_path / "jobs" / "job.py").write_text("ok = isinstance(x, Path)\nx: StoragePath\n")
-    storage = "x: Path | RemotePath\nisinstance(x, RemotePath)\n"
+    job = Path("jobs", "job.py")
+    (tmp_path / job).write_text(
+        "ok = isinstance(x, Path)\nx: StoragePath\nurl = 'https://example.org'\n"
+        "if '://' in name or storage.is_remote(name) or is_local(x):\n    pass\n"
+    )
+    storage = "x: Path | RemotePath\nisinstance(x, RemotePath)\nis_remote('://')\n"
     (tmp_path / STORAGE).write_text(storage)  # the one module that may
     assert path_type_checks(tmp_path) == [
         f"{module}:1 Path | RemotePath",
         f"{module}:2 isinstance(..., RemotePath)",
         f"{module}:4 isinstance(..., RemotePath)",
+        f'{job}:4 "://"',
+        f"{job}:4 is_local(...)",
+        f"{job}:4 is_remote(...)",
     ]

@@ -44,6 +44,13 @@ def test_the_lock_creates_the_folder_and_is_released_after_the_block(tmp_path):
         pass
 
 
+def test_a_uri_has_no_lock_and_its_block_runs():
+    """Object stores have no locks: one driver per remote run folder is the user's to ensure.
+    Nothing is created or reached (the name alone says it is a URI)."""
+    with run_lock("s3://bucket/runs/r1") as path, run_lock("s3://bucket/runs/r1") as again:
+        assert path is None and again is None
+
+
 def test_a_second_holder_in_the_same_process_is_refused(tmp_path):
     with run_lock(tmp_path), pytest.raises(RunFolderInUseError) as refused, run_lock(tmp_path):
         pass

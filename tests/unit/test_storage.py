@@ -12,6 +12,7 @@ import pyarrow.fs
 import pytest
 import torch
 
+from raydiff.data.manifest import MANIFEST_NAME, is_dataset
 from raydiff.errors import UserInputError
 from raydiff.storage import (
     MirroredFolder,
@@ -19,12 +20,14 @@ from raydiff.storage import (
     append_line,
     as_location,
     download,
-    is_local,
     local_copy,
+    local_path,
     names_a_bucket,
     open_filesystem,
     ray_storage,
+    reader_paths,
     resolve_location,
+    resolved,
     upload,
     write_text_atomically,
 )
@@ -77,8 +80,20 @@ def test_local_paths_stay_paths_and_uris_become_remote_paths(tmp_path, monkeypat
     assert str(uri / "checkpoint_000004") == "mock:///bucket/runs/r1/checkpoint_000004"
 
 
-def test_what_differs_between_a_local_path_and_a_uri(tmp_path, memory):
-    assert is_local(tmp_path) and not is_local(memory)
+def test_what_differs_between_a_local_path_and_a_uri(tmp_path, memory, monkeypatch):
+    assert local_path(tmp_path) == tmp_path and local_path(memory) is None
+    assert local_path("s3://bucket/run") is None and local_path("mock:///bucket") is None
+    assert local_path(f"file://{tmp_path}") == tmp_path
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert local_path("~/runs") == tmp_path / "runs"
+    monkeypatch.chdir(tmp_path)
+    assert resolved("runs/a") == str(tmp_path.resolve() / "runs" / "a")
+    assert resolved(f"file://{tmp_path}/x") == str(tmp_path.resolve() / "x")
+    assert resolved("s3://bucket/data/") == "s3://bucket/data"  # no filesystem reached
+    # A dataset is a local folder with a manifest, or any URI (its manifest is read when used).
+    assert not is_dataset(tmp_path) and is_dataset("s3://bucket/data")
+    (tmp_path / MANIFEST_NAME).write_text("{}")
+    assert is_dataset(tmp_path) and is_dataset(f"file://{tmp_path}") and is_dataset(".")
     assert names_a_bucket(as_location("mock:///bucket/"))
     assert not names_a_bucket(memory) and not names_a_bucket(Path("/bucket"))
     assert ray_storage(tmp_path / "runs") == (str(tmp_path / "runs"), None)
@@ -191,7 +206,7 @@ def test_checkpoint_rules_hold_under_a_uri(memory, tmp_path):
     assert latest_checkpoint(memory) is None
     first = save_checkpoint(memory, 4, **checkpoint_files(4))
     second = save_checkpoint(memory, 8, **checkpoint_files(8))
-    assert not is_local(second) and str(second) == f"{memory}/checkpoint_000008"
+    assert local_path(second) is None and str(second) == f"{memory}/checkpoint_000008"
     assert latest_checkpoint(memory) == second
     assert read_progress(second) == {"step": 8, "epoch": 1, "epoch_samples": 16}
     assert require_checkpoint_dir(first) == first
@@ -229,6 +244,12 @@ def test_s3_takes_the_standard_aws_environment(monkeypatch):
     options = open_filesystem("s3://bucket/r")[0].__reduce__()[1][0]
     assert options["endpoint_override"] == "http://127.0.0.1:10"
     assert options["access_key"] is None
+    # A dataset's shards as Ray Data reads them: on that filesystem, as bucket/key paths.
+    paths, filesystem = reader_paths(["s3://bucket/d/a.parquet", "s3://bucket/d/b.parquet"])
+    assert paths == ["bucket/d/a.parquet", "bucket/d/b.parquet"]
+    assert filesystem.__reduce__()[1][0]["endpoint_override"] == "http://127.0.0.1:10"
+    assert reader_paths(["/data/a.parquet"]) == (["/data/a.parquet"], None)
+    assert reader_paths(["gs://b/a.parquet"]) == (["gs://b/a.parquet"], None)
 
 
 def test_a_single_process_run_writes_to_and_resumes_from_a_uri(memory, tmp_path):

@@ -137,14 +137,17 @@ def _rows(tmp_path: Path) -> list[TrialRow]:
                  status=trial_status(error=None, step=100, max_steps=300), step=100,
                  metrics={"val_bpd": 7.0}),
         TrialRow(trial="t0003_lr-0.1", values={"lr": 1e-1}, seed=3,
-                 status=trial_status(error=RuntimeError("x\nloss scale collapsed"), step=None,
+                 status=trial_status(error=RuntimeError("x\nFloatingPointError: loss scale collapsed"), step=None,
                                      max_steps=300), step=None),
     ]  # fmt: skip
 
 
 def test_results_table_csv_and_best_config(tmp_path):
     rows = _rows(tmp_path)
-    assert [r.status for r in rows][2:] == ["stopped early", "failed: loss scale collapsed"]
+    assert [r.status for r in rows][2:] == [
+        "stopped early",
+        "failed: FloatingPointError: loss scale collapsed",
+    ]
     assert best_row(rows, Ranking(key="val_bpd", mode="min")) is rows[1]
     assert best_row(rows, Ranking(key="val_bpd", mode="max")) is rows[2]
     columns = ("val_bpd", "val_mse", "loss")
@@ -167,7 +170,10 @@ def test_results_table_csv_and_best_config(tmp_path):
     assert written[0]["lr"] == "0.0001"
     assert [r["trial"] for r in written] == [r.trial for r in rows]
     assert written[1]["lr"] == "0.001" and written[1]["val_bpd"] == "5.1"
-    assert written[3]["status"] == "failed: loss scale collapsed" and written[3]["val_bpd"] == ""
+    assert (
+        written[3]["status"] == "failed: FloatingPointError: loss scale collapsed"
+        and written[3]["val_bpd"] == ""
+    )
 
     best = write_best_config(rows[1], tmp_path / "best_config.yaml", command="train")
     assert "raydiff train --config" in best.read_text()

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from raydiff.config import ExperimentConfig
-from raydiff.storage import StoragePath, is_local
+from raydiff.storage import StoragePath, local_path
 from raydiff.train.tracking import Point, flat_params, read_state, write_state
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class WandbTracker:
         self.run = _init(
             entry,
             name=run_dir.name,
-            local_dir=run_dir if is_local(run_dir) else local_dir,
+            local_dir=local_path(run_dir) or local_dir,
             config=flat_params(config),
             allow_val_change=True,  # a resumed run may change a setting (train.max_steps)
         )
@@ -168,7 +168,7 @@ def log_results(entry: Mapping[str, Any], *, results_csv: StoragePath, folder: S
     import wandb
 
     rows = list(csv.reader(io.StringIO(results_csv.read_text())))
-    local = folder if is_local(folder) else Path(os.environ.get("TMPDIR", "/tmp"))
+    local = local_path(folder) or Path(os.environ.get("TMPDIR", "/tmp"))
     run = _init(entry, name=folder.name, local_dir=local, job_type="sweep")
     run.log({"results": wandb.Table(columns=rows[0], data=rows[1:])})
     run.finish()
