@@ -99,7 +99,7 @@ def _track(
         return
     import tempfile
 
-    from raydiff.train.tracking import Point, open_trackers
+    from raydiff.tracking import Point, open_trackers
 
     with tempfile.TemporaryDirectory(prefix="raydiff-eval-tracking-") as local:
         trackers = open_trackers(

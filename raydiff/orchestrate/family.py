@@ -33,8 +33,8 @@ from typing import IO, Literal
 from raydiff.config import ExperimentConfig
 from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError
 from raydiff.family.spec import Family, TrainingStage, load_family
+from raydiff.tracking import finish_parent_tracking, start_parent_tracking, start_tracking
 from raydiff.train.checkpoint import latest_checkpoint
-from raydiff.train.tracking import finish_parent_tracking, start_parent_tracking, start_tracking
 
 logger = logging.getLogger(__name__)
 

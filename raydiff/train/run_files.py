@@ -1,6 +1,6 @@
 """What the main rank writes into a run folder while it trains: the resolved config, preview
 grids, post-hoc EMA snapshots, and what it logs to the run's trackers (``tracking.backend``:
-TensorBoard's events, MLflow, W&B; :mod:`raydiff.train.tracking`).
+TensorBoard's events, MLflow, W&B; :mod:`raydiff.tracking`).
 
 ``output_dir`` may be a URI (``raydiff.storage.StoragePath``): the files are then written into a
 local staging folder and each is uploaded after writing it (TensorBoard's events at every
@@ -20,9 +20,9 @@ import torch
 
 from raydiff.config import ExperimentConfig, to_dict
 from raydiff.storage import MirroredFolder, StoragePath
+from raydiff.tracking import Point, open_trackers
 from raydiff.train.checkpoint import checkpoint_name
 from raydiff.train.sample_grid import make_grid, save_png
-from raydiff.train.tracking import Point, open_trackers
 
 logger = logging.getLogger(__name__)
 

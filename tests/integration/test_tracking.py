@@ -33,7 +33,7 @@ from test_sweep import _sweep_cli, _wait_for, write_base, write_sweep
 from test_training import tiny_config
 
 from raydiff.config import ExperimentConfig, from_dict
-from raydiff.train.tracking import TRACKING_FILE, flat_params
+from raydiff.tracking import TRACKING_FILE, flat_params
 
 pytestmark = pytest.mark.integration
 
@@ -240,7 +240,7 @@ def test_a_family_is_one_parent_with_a_child_per_stage(mlflow_server: str, tmp_p
 
     from raydiff.family.spec import load_family
     from raydiff.orchestrate.family import start_family_tracking
-    from raydiff.train.tracking import finish_parent_tracking, read_state
+    from raydiff.tracking import finish_parent_tracking, read_state
 
     tracking = [
         "tracking.backend=tensorboard,mlflow",

@@ -1,5 +1,5 @@
 """The tracking section's checks, the refusal of a tracker that is not installed, and the rule
-that logs each step once (raydiff.train.tracking). The backends against a real MLflow server
+that logs each step once (raydiff.tracking). The backends against a real MLflow server
 and W&B's offline files: tests/integration/test_tracking.py."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from raydiff.config import ExperimentConfig, TrackingConfig, apply_overrides
 from raydiff.errors import ConfigError
+from raydiff.tracking import Point, Trackers
 from raydiff.train.preflight import check_run
-from raydiff.train.tracking import Point, Trackers
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raydiff.train.tracking import Point
+from raydiff.tracking import Point
 
 EVENTS_DIR = "tensorboard"
 

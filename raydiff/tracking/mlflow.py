@@ -5,7 +5,7 @@ The run holds the config as params, the metrics at their steps, the preview grid
 evaluations as images, and tags: ``checkpoint_NNNNNN`` (where each checkpoint is),
 ``raydiff.logged_through`` (the last step logged: set in the same ``log_batch`` as the step's
 metrics, which the tracking store writes at once or not at all) and ``raydiff.key`` (the run
-folder's identity, :data:`raydiff.train.tracking.TRACKING_FILE`). A sweep's trials are children
+folder's identity, :data:`raydiff.tracking.TRACKING_FILE`). A sweep's trials are children
 of its parent run (``mlflow.parentRunId``), whose artifact ``results.csv`` is the sweep's table.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from raydiff.config import ExperimentConfig
 from raydiff.storage import StoragePath, local_copy
-from raydiff.train.tracking import Point, flat_params
+from raydiff.tracking import Point, flat_params
 
 logger = logging.getLogger(__name__)
 

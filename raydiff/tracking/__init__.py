@@ -36,7 +36,7 @@ from raydiff.config import ExperimentConfig
 from raydiff.storage import StoragePath, write_text_atomically
 
 if TYPE_CHECKING:
-    from raydiff.train.tracking.tensorboard import TensorBoardTracker
+    from raydiff.tracking.tensorboard import TensorBoardTracker
 
 TRACKING_FILE = "tracking.json"
 """``RUN/tracking.json`` (and a sweep folder's): ``key`` (this run's identity, tagged on its
@@ -105,7 +105,7 @@ def _backend(name: str) -> Any:
     """The module of backend ``name`` (imported when chosen: each is an optional extra)."""
     import importlib
 
-    return importlib.import_module(f"raydiff.train.tracking.{name}")
+    return importlib.import_module(f"raydiff.tracking.{name}")
 
 
 def start_tracking(

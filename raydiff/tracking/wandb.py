@@ -26,7 +26,7 @@ import numpy as np
 
 from raydiff.config import ExperimentConfig
 from raydiff.storage import StoragePath, is_local
-from raydiff.train.tracking import Point, flat_params, read_state, write_state
+from raydiff.tracking import Point, flat_params, read_state, write_state
 
 logger = logging.getLogger(__name__)
 
