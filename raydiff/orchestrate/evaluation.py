@@ -26,10 +26,10 @@ logger = logging.getLogger(__name__)
 
 
 def run_bpd(
-    options: BpdOptions, *, address: str | None = None, tensorboard: bool = True
+    options: BpdOptions, *, address: str | None = None, track_in_run: bool = True
 ) -> BpdResult:
     """The bound in bits/dim of ``options.split``'s images under the checkpoint's model;
-    ``tensorboard``: also in its run's TensorBoard (a sweep of many weights does not)."""
+    ``track_in_run``: also in its run's trackers (a sweep of many weights logs its own)."""
     from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console
 
     job = prepare_bpd(options)  # every check before Ray starts
@@ -48,7 +48,7 @@ def run_bpd(
     start = time.monotonic()
     terms = _bound_on_actors(job, options)
     seconds = time.monotonic() - start
-    return file_bpd_results(job, options, terms=terms, seconds=seconds, tensorboard=tensorboard)
+    return file_bpd_results(job, options, terms=terms, seconds=seconds, track_in_run=track_in_run)
 
 
 def _bound_on_actors(job: BpdJob, options: BpdOptions) -> dict[str, np.ndarray]:
