@@ -101,7 +101,7 @@ class Backend(Protocol):
     ``tracking.json`` names, if any) created or found again; its entry for ``tracking.json``."""
     open_tracker: Callable[..., Tracker]
     """``(config, entry, *, run_dir, local_dir, start_step, role)``: a :class:`Tracker` logging
-    into the run ``entry`` names (None: a backend without runs)."""
+    into the run ``entry`` names (None: a backend without runs); the backend's tracker class."""
     log_results: Callable[..., None]
     """``(entry, *, results_csv, folder)``: a sweep's or family's table in its parent run,
     which then ends."""
@@ -149,36 +149,22 @@ def start_tracking(
     *,
     run_dir: StoragePath,
     parent: Mapping[str, Any] | None = None,
+    sweep: bool = False,
 ) -> dict[str, Any]:
     """Create the run's tracked runs, or find them in ``RUN/tracking.json``; the state written
     there. ``parent``: a sweep's state (:func:`start_parent_tracking`), whose runs are the
-    parents. Called by the driver before anything trains."""
-    return _start(config, folder=run_dir, parent=parent, sweep=False)
-
-
-def start_parent_tracking(config: ExperimentConfig, *, sweep_dir: StoragePath) -> dict[str, Any]:
-    """A sweep's or a family's parent runs (created once, found again when it continues)."""
-    return _start(config, folder=sweep_dir, parent=None, sweep=True)
-
-
-def _start(
-    config: ExperimentConfig,
-    *,
-    folder: StoragePath,
-    parent: Mapping[str, Any] | None,
-    sweep: bool,
-) -> dict[str, Any]:
-    if not keeps_runs(config):
-        return {}  # nothing to keep
+    parents; ``sweep``: these are a sweep's. Called by the driver before anything trains."""
     backends = {name: b for name, b in _backends(config).items() if b.KEEPS_RUNS}
-    state = read_state(folder)
+    if not backends:
+        return {}  # nothing to keep
+    state = read_state(run_dir)
     if "key" not in state:  # first: a run created after this is found by it again
         state["key"] = uuid.uuid4().hex
-        write_state(folder, state)
+        write_state(run_dir, state)
     for name, backend in backends.items():
         entry = backend.start(
             config,
-            folder=folder,
+            folder=run_dir,
             key=state["key"],
             entry=state.get(name),
             parent=(parent or {}).get(name),
@@ -186,8 +172,13 @@ def _start(
         )
         if entry != state.get(name):
             state[name] = entry
-            write_state(folder, state)
+            write_state(run_dir, state)
     return state
+
+
+def start_parent_tracking(config: ExperimentConfig, *, sweep_dir: StoragePath) -> dict[str, Any]:
+    """A sweep's or a family's parent runs (created once, found again when it continues)."""
+    return start_tracking(config, run_dir=sweep_dir, sweep=True)
 
 
 def finish_parent_tracking(

@@ -93,7 +93,9 @@ def _log_params(client: Any, run_id: str, params: Mapping[str, str]) -> None:
 class MlflowTracker:
     """Logs into the run an entry of ``tracking.json`` names."""
 
-    def __init__(self, entry: Mapping[str, Any], *, role: Role) -> None:
+    def __init__(
+        self, config: ExperimentConfig, entry: Mapping[str, Any], *, role: Role, **_: Any
+    ) -> None:
         self.client = _client(entry["tracking_uri"])
         self.run_id = entry["run_id"]
         self.role = role
@@ -154,16 +156,7 @@ def _squeeze(image: np.ndarray) -> np.ndarray:
     return image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image
 
 
-def open_tracker(
-    config: ExperimentConfig,
-    entry: Mapping[str, Any],
-    *,
-    run_dir: StoragePath,
-    local_dir: Path,
-    start_step: int,
-    role: Role,
-) -> MlflowTracker:
-    return MlflowTracker(entry, role=role)
+open_tracker = MlflowTracker  # the Backend protocol's name for it
 
 
 def log_results(entry: Mapping[str, Any], *, results_csv: StoragePath, folder: StoragePath) -> None:

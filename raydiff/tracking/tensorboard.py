@@ -1,18 +1,15 @@
-"""TensorBoard: event files in the run folder's ``tensorboard/``: the main rank's
-(``train/<metric>``, ``samples/ema``, ``sampler/weights``) and, in files of their own
-(``*.evaluation``), each evaluation's (``eval/...``), so a later evaluation never rewrites the
-trainer's events. The default tracker, a dependency of raydiff itself.
+"""TensorBoard, the default tracker (a dependency of raydiff itself): event files in the run
+folder's ``tensorboard/``, the main rank's (``train/<metric>``, ``samples/ema``,
+``sampler/weights``) and each evaluation's in a file of its own (``*.evaluation``: ``eval/...``).
 
-A run folder under a URI gets the same files: written into a local staging folder and uploaded,
-the main rank's at every checkpoint and at most every ``EVENTS_UPLOAD_INTERVAL_S`` in between
-(what a failed attempt logged after its last checkpoint is dropped on resume anyway, see
-``purge_step``), an evaluation's when it closes.
+A run folder under a URI gets the same files, staged locally and uploaded: the main rank's at
+every checkpoint and at most every ``EVENTS_UPLOAD_INTERVAL_S`` in between (what a failed
+attempt logged after its last checkpoint is dropped on resume anyway, see ``purge_step``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,23 +27,32 @@ EVENTS_UPLOAD_INTERVAL_S = 60.0
 class TensorBoardTracker:
     """A ``SummaryWriter`` on the run folder's ``tensorboard/`` (a URI's: a staging folder)."""
 
-    def __init__(self, run_dir: StoragePath, *, start_step: int, role: Role) -> None:
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        entry: None,
+        *,
+        run_dir: StoragePath,
+        start_step: int,
+        role: Role,
+        **_: Any,
+    ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.events = MirroredFolder(run_dir / EVENTS_DIR)
         self.where = f"tensorboard: tensorboard --logdir {self.events.target}"
-        if role == "evaluation":
-            self.writer = SummaryWriter(str(self.events.local), filename_suffix=".evaluation")
-            self.logged_through, self.prefix = -1, ""  # each checkpoint is evaluated once
-            return
+        training = role == "training"
         self.writer = SummaryWriter(
             str(self.events.local),
+            filename_suffix="" if training else ".evaluation",
             # Events a failed attempt logged past the step this one starts from (its checkpoint,
             # or 0 for a run restarted before the first one) are dropped: without this
             # TensorBoard shows two curves over the same steps.
-            purge_step=start_step + 1,
+            purge_step=start_step + 1 if training else None,
         )
-        self.logged_through, self.prefix = start_step, "train/"  # what is past it was purged
+        # What is past the start was purged; an evaluation's checkpoints are evaluated once.
+        self.logged_through = start_step if training else -1
+        self.prefix = "train/" if training else ""
 
     def log_scalars(self, points: Sequence[Point]) -> None:
         for point in points:
@@ -86,16 +92,7 @@ def start(config: ExperimentConfig, **kwargs: Any) -> dict[str, Any]:
     return {}  # not called (KEEPS_RUNS): the events are the run folder's own
 
 
-def open_tracker(
-    config: ExperimentConfig,
-    entry: Mapping[str, Any] | None,
-    *,
-    run_dir: StoragePath,
-    local_dir: Path,
-    start_step: int,
-    role: Role,
-) -> TensorBoardTracker:
-    return TensorBoardTracker(run_dir, start_step=start_step, role=role)
+open_tracker = TensorBoardTracker  # the Backend protocol's name for it
 
 
 def log_results(entry: Mapping[str, Any], **kwargs: Any) -> None:

@@ -101,6 +101,7 @@ class WandbTracker:
         run_dir: StoragePath,
         local_dir: Path,
         role: Role,
+        **_: Any,
     ) -> None:
         self.run_dir, self.role = run_dir, role
         self.where = f"wandb: run {entry['run_id']} ({entry['mode']}, project {entry['project']})"
@@ -156,16 +157,7 @@ class WandbTracker:
         self.run.finish()
 
 
-def open_tracker(
-    config: ExperimentConfig,
-    entry: Mapping[str, Any],
-    *,
-    run_dir: StoragePath,
-    local_dir: Path,
-    start_step: int,
-    role: Role,
-) -> WandbTracker:
-    return WandbTracker(config, entry, run_dir=run_dir, local_dir=local_dir, role=role)
+open_tracker = WandbTracker  # the Backend protocol's name for it
 
 
 def log_results(entry: Mapping[str, Any], *, results_csv: StoragePath, folder: StoragePath) -> None:
