@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the full variational bound in bits/dim over a split (calc_bpd_loop on Ray workers)",
         description="The full variational bound (IDDPM eq. 5) in bits/dim, every term of it, "
         "over a split of the dataset, images spread over Ray workers. Results: JSON (printed), "
-        "per-image terms (npz), and the run's TensorBoard for a run's checkpoint.",
+        "per-image terms (npz), and the run's trackers for a run's checkpoint.",
     )
     add_options(bpd, BpdOptions)
     add_address_argument(bpd)
@@ -69,8 +69,8 @@ def run_bpd(args: argparse.Namespace) -> int:
     )
     print(f"results: {result.json_path}")
     print(f"terms:   {result.terms_path}")
-    if result.tensorboard_run is not None:
-        print(f"tensorboard: tensorboard --logdir {result.tensorboard_run / 'tensorboard'}")
+    for line in result.tracked:
+        print(line)
     return 0
 
 
@@ -83,8 +83,8 @@ def run_fid(args: argparse.Namespace) -> int:
     result = evaluate_fid(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
     print(json.dumps(result.summary, indent=2))
     print(f"results: {result.json_path}")
-    if result.tensorboard_run is not None:
-        print(f"tensorboard: tensorboard --logdir {result.tensorboard_run / 'tensorboard'}")
+    for line in result.tracked:
+        print(line)
     return 0
 
 
@@ -100,4 +100,6 @@ def run_accuracy(args: argparse.Namespace) -> int:
     print(json.dumps(result.summary, indent=2))
     print(f"accuracy {result.summary['accuracy']:.4f} on {result.summary['num_images']} images")
     print(f"results: {result.json_path}")
+    for line in result.tracked:
+        print(line)
     return 0

@@ -131,8 +131,10 @@ def train(options: TrainOptions, *, address: str | None, task: str | None = None
     if "evaluation" in result:
         evaluation = result["evaluation"]
         print(f"evaluation:    {format_evaluation(evaluation) or evaluation.get('error')}")
+    from raydiff.tracking.tensorboard import EVENTS_DIR
+
     print(f"run folder:    {output}")
-    print(f"tensorboard:   tensorboard --logdir {output / 'tensorboard'}")
+    print(f"tensorboard:   tensorboard --logdir {output / EVENTS_DIR}")
     return 0
 
 

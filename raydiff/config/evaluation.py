@@ -17,12 +17,12 @@ class EvaluationConfig:
     """Evaluation of each new checkpoint while the run trains (``raydiff train
     --evaluate-checkpoints``): one Ray actor of its own, beside the training workers, samples
     from the checkpoint's EMA weights and computes the full bound on val images (FID too, given
-    Inception weights). Results: RUN/evaluation/ and ``eval/*`` in the run's TensorBoard."""
+    Inception weights). Results: RUN/evaluation/ and ``eval/*`` in the run's trackers."""
 
     every_checkpoint: bool = False
     """Evaluate every checkpoint the run saves, asynchronously."""
     num_samples: int = 64
-    """Samples drawn per checkpoint (a grid in TensorBoard, the npz in RUN/evaluation)."""
+    """Samples drawn per checkpoint (a grid in the run's trackers, the npz in RUN/evaluation)."""
     sample_respacing: str = "ddim50"
     """Sampler steps: 'ddimN' (DDIM on N steps), 'N' (ancestral on N steps) or '' (all T)."""
     sample_precision: Precision = "auto"

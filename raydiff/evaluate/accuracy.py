@@ -16,7 +16,7 @@ from typing import Any
 from raydiff.data.image_sources import load_labelled_images
 from raydiff.data.manifest import is_dataset
 from raydiff.evaluate.classifier_features import classifier_accuracy, load_classifier_features
-from raydiff.evaluate.report import add_to_tensorboard, run_checkpoint, write_json
+from raydiff.evaluate.report import run_checkpoint, track, write_json
 from raydiff.evaluate.samples_fid import (
     check_not_the_guide,
     read_sampling_record,
@@ -32,6 +32,8 @@ class AccuracyResult:
 
     summary: dict[str, Any]
     json_path: Any
+    tracked: list[str]
+    """Where the samples' run's trackers hold the result (none: they belong to no run)."""
 
 
 def run_accuracy(
@@ -77,10 +79,8 @@ def run_accuracy(
         target = evaluator_run.results_dir / name if evaluator_run else resolve_location(name)
     json_path = write_json(target, summary)
     sampled_run = run_checkpoint(record["checkpoint"]) if record.get("checkpoint") else None
+    tracked = []
     if sampled_run is not None:
-        add_to_tensorboard(
-            sampled_run.run_dir,
-            step=sampled_run.step,
-            scalars={f"classifier_accuracy{sampler_suffix(record)}": accuracy},
-        )
-    return AccuracyResult(summary=summary, json_path=json_path)
+        scalars = {f"classifier_accuracy{sampler_suffix(record)}": accuracy}
+        tracked = track(sampled_run, scalars=scalars)
+    return AccuracyResult(summary=summary, json_path=json_path, tracked=tracked)

@@ -1,5 +1,5 @@
 """``raydiff evaluate bpd``'s work before and after Ray: every check and the images first
-(:func:`prepare_bpd`), then the files and TensorBoard scalars of the result
+(:func:`prepare_bpd`), then the files and the run's tracked scalars of the result
 (:func:`file_bpd_results`). The terms in between come from model actors
 (:func:`raydiff.orchestrate.model_actor.run_bpd`). No Ray here.
 """
@@ -15,7 +15,7 @@ import numpy as np
 from raydiff.config import DiffusionConfig, ExperimentConfig
 from raydiff.errors import UserInputError
 from raydiff.evaluate.options import BpdOptions
-from raydiff.evaluate.report import RunCheckpoint, add_to_tensorboard, run_checkpoint, write_json
+from raydiff.evaluate.report import RunCheckpoint, run_checkpoint, track, write_json
 from raydiff.sample.load import SamplingModel, load_sampling_model
 from raydiff.storage import MirroredFolder, StoragePath, resolve_location
 
@@ -28,8 +28,8 @@ class BpdResult:
     json_path: StoragePath
     terms_path: StoragePath
     seconds: float
-    tensorboard_run: StoragePath | None
-    """The run whose TensorBoard got the result (None: the checkpoint belongs to no run)."""
+    tracked: list[str]
+    """Where the run's trackers hold the result (none: the checkpoint belongs to no run)."""
 
 
 @dataclass(kw_only=True)
@@ -127,10 +127,10 @@ def file_bpd_results(
     *,
     terms: dict[str, np.ndarray],
     seconds: float,
-    tensorboard: bool = True,
+    track_in_run: bool = True,
 ) -> BpdResult:
     """Write the terms and the summary JSON under ``job.out`` (uploaded for a URI), and (with
-    ``tensorboard``) the bound to the run's TensorBoard."""
+    ``track_in_run``) log the bound to the run's trackers."""
     from raydiff.evaluate.bpd import summarize_terms, write_terms
 
     summary = summarize_terms(terms, num_timesteps=job.num_timesteps)
@@ -162,14 +162,14 @@ def file_bpd_results(
         json_path = results.publish(write_json(results.local / f"{stem}.json", result).name)
     finally:
         results.close()
-    board = job.run if tensorboard else None
-    if board is not None:
+    tracked = []
+    if job.run is not None and track_in_run:
         scalars = {stem: summary["bpd"], f"{stem}_stderr": summary["bpd_stderr"]}
-        add_to_tensorboard(board.run_dir, step=board.step, scalars=scalars)
+        tracked = track(job.run, scalars=scalars)
     return BpdResult(
         summary=result,
         json_path=json_path,
         terms_path=terms_path,
         seconds=seconds,
-        tensorboard_run=board.run_dir if board is not None else None,
+        tracked=tracked,
     )

@@ -7,7 +7,7 @@ checkpoint, so grids compare over the run), computes the full variational bound 
 ``bpd_images`` val images (the same images and noise every time) and, given Inception weights,
 FID/KID of the samples against the val split. Everything goes to
 ``RUN/evaluation/checkpoint_NNNNNN/``, one line per checkpoint to ``RUN/evaluation/metrics.jsonl``
-and ``eval/*`` in the run's TensorBoard. No Ray here.
+and ``eval/*`` to the run's trackers. No Ray here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raydiff.config import EvaluationConfig, ExperimentConfig
-from raydiff.evaluate.report import RESULTS_DIR, add_to_tensorboard, write_json
+from raydiff.evaluate.report import RESULTS_DIR, RunCheckpoint, track, write_json
 from raydiff.seeding import derive_seed
 from raydiff.storage import MirroredFolder, StoragePath, append_line, as_location
 
@@ -39,7 +39,7 @@ BPD_BATCH = 16
 
 
 SCALARS = ("bpd_val", "fid", "kid_mean", "precision", "recall", "seconds")
-"""A checkpoint evaluation's figures: TensorBoard's scalars, the log line, the run's summary."""
+"""A checkpoint evaluation's figures: the trackers' scalars, the log line, the run's summary."""
 
 
 def evaluate_checkpoint(
@@ -48,14 +48,11 @@ def evaluate_checkpoint(
     run_dir: str | StoragePath,
     step: int,
     options: EvaluationConfig,
-    run_config: ExperimentConfig | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``checkpoint`` (step ``step`` of the run in ``run_dir``) as ``options`` say;
-    returns the result written to ``RUN/evaluation/checkpoint_NNNNNN/evaluation.json``. A run
-    folder under a URI gets the same files: written here, then uploaded (the checkpoint is
-    downloaded to be loaded). ``run_config``: the run's config, whose trackers
-    (``tracking.backend``) get the figures and the samples' grid (default: TensorBoard's
-    events only)."""
+    returns the result written to ``RUN/evaluation/checkpoint_NNNNNN/evaluation.json``, and
+    logged with the samples' grid to the run's trackers. A run folder under a URI gets the same
+    files: written here, then uploaded (the checkpoint is downloaded to be loaded)."""
     from raydiff.train.sample_grid import tile
 
     start = time.monotonic()
@@ -73,7 +70,8 @@ def evaluate_checkpoint(
     # The run's one evaluator, one checkpoint at a time, is this file's only writer.
     append_line(run_dir / RESULTS_DIR / METRICS_FILE, json.dumps(result))
     scalars = {k: v for k, v in result.items() if k in SCALARS and v is not None}
-    _track(run_config, run_dir=run_dir, step=step, scalars=scalars, grid=tile(samples))
+    run = RunCheckpoint(run_dir=run_dir, checkpoint=checkpoint, step=step)
+    track(run, scalars=scalars, images={"samples": tile(samples)})
     logger.info(
         "evaluated %s in %.0f s: %s",
         checkpoint.name,
@@ -81,35 +79,6 @@ def evaluate_checkpoint(
         "  ".join(f"{k} {v:.4g}" for k, v in scalars.items()),
     )
     return result
-
-
-def _track(
-    run_config: ExperimentConfig | None,
-    *,
-    run_dir: StoragePath,
-    step: int,
-    scalars: dict[str, float],
-    grid: np.ndarray,
-) -> None:
-    """``eval/<figure>`` and the image ``eval/samples`` at ``step`` in the run's trackers:
-    TensorBoard's evaluation events, and the tracked runs of the others."""
-    if run_config is None or "tensorboard" in run_config.tracking.backends:
-        add_to_tensorboard(run_dir, step=step, scalars=scalars, images={"samples": grid})
-    if run_config is None or run_config.tracking.backends == ("tensorboard",):
-        return
-    import tempfile
-
-    from raydiff.train.tracking import Point, open_trackers
-
-    with tempfile.TemporaryDirectory(prefix="raydiff-eval-tracking-") as local:
-        trackers = open_trackers(
-            run_config, run_dir=run_dir, local_dir=Path(local), start_step=0, role="evaluation"
-        )
-        try:
-            trackers.log_scalars([Point(step, {f"eval/{k}": v for k, v in scalars.items()})])
-            trackers.log_image("eval/samples", grid, step=step)
-        finally:
-            trackers.close()
 
 
 def _evaluate(

@@ -122,7 +122,7 @@ def judge(sample_set: SampleSet, family: Family, evaluator: str, *, out: Path) -
         num_images=evaluation.num_images or None,
         features=evaluator,
         out=str(folder / "fd_classifier.json"),
-        tensorboard=False,
+        track_in_run=False,
     ).summary
     figures = {key: fid.get(f"{key}_classifier") for key in ("fd", "precision", "recall")} | {
         "num_samples": fid.get("num_samples"),

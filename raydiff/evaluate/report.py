@@ -1,13 +1,11 @@
-"""Where evaluation results go: a JSON file, and the run's TensorBoard when the checkpoint
-belongs to a run. No Ray here.
+"""Where evaluation results go: a JSON file, and the run's trackers when the checkpoint belongs
+to a run. No Ray here.
 
 A raydiff checkpoint ``RUN/checkpoint_NNNNNN`` belongs to the run ``RUN`` (its folder holds the
 run's ``config.json``); its results go to ``RUN/evaluation/checkpoint_NNNNNN/`` and, as scalars
-``eval/...`` at step NNNNNN, to ``RUN/tensorboard`` in an event file of their own
-(``*.evaluation``), so TensorBoard shows them next to the training curves and a later
-evaluation never rewrites the trainer's events. A run folder under a URI (``s3://...``) works
-the same way: results are written locally, then uploaded (:class:`raydiff.storage.
-MirroredFolder`).
+``eval/...`` at step NNNNNN, to the run's trackers (:func:`raydiff.tracking.log_evaluation`:
+its TensorBoard, MLflow, W&B runs), next to the training curves. A run folder under a URI
+(``s3://...``) works the same way.
 """
 
 from __future__ import annotations
@@ -19,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from raydiff.storage import MirroredFolder, StoragePath, resolve_location, write_text_atomically
+from raydiff.config import ExperimentConfig, from_dict
+from raydiff.storage import StoragePath, resolve_location, write_text_atomically
+from raydiff.tracking import log_evaluation
 from raydiff.train.checkpoint import CHECKPOINT_PATTERN
 
 RESULTS_DIR = "evaluation"
-TENSORBOARD_SUFFIX = ".evaluation"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +36,13 @@ class RunCheckpoint:
     @property
     def results_dir(self) -> StoragePath:
         return self.run_dir / RESULTS_DIR / self.checkpoint.name
+
+    @property
+    def config(self) -> ExperimentConfig:
+        """The config the checkpoint was trained with."""
+        return from_dict(
+            ExperimentConfig, json.loads((self.checkpoint / "config.json").read_text())
+        )
 
 
 def run_checkpoint(path: str | StoragePath) -> RunCheckpoint | None:
@@ -58,33 +64,14 @@ def write_json(path: StoragePath, result: dict[str, Any]) -> StoragePath:
     return path
 
 
-def add_to_tensorboard(
-    run_dir: StoragePath,
-    *,
-    step: int,
-    scalars: dict[str, float],
-    images: dict[str, np.ndarray] | None = None,
-) -> None:
-    """``eval/NAME`` scalars (and uint8 ``[H, W, C]`` images) at ``step`` in the run's
-    TensorBoard, in an event file of their own."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    events = MirroredFolder(run_dir / "tensorboard")
-    try:
-        writer = SummaryWriter(str(events.local), filename_suffix=TENSORBOARD_SUFFIX)
-        try:
-            for name, value in scalars.items():
-                if isinstance(value, float | int) and math.isfinite(value):
-                    writer.add_scalar(f"eval/{name}", value, step)
-            for name, image in (images or {}).items():
-                writer.add_image(f"eval/{name}", image, step, dataformats="HWC")
-        finally:
-            writer.close()
-        if events.is_remote:  # the staging folder holds this writer's file only
-            for file in events.local.iterdir():
-                events.publish(file.name)
-    finally:
-        events.close()
+def track(
+    run: RunCheckpoint, *, scalars: dict[str, Any], images: dict[str, np.ndarray] | None = None
+) -> list[str]:
+    """``scalars`` (and ``images``) as ``eval/NAME`` at the checkpoint's step in its run's
+    trackers (the checkpoint's ``tracking`` section); where they went."""
+    return log_evaluation(
+        run.config, run_dir=run.run_dir, step=run.step, scalars=scalars, images=images
+    )
 
 
 def _finite(value: Any) -> Any:

@@ -3,7 +3,7 @@ and in their run.
 
 Samples written by ``raydiff sample`` know their checkpoint (its ``sampling.json``): the
 reference defaults to the dataset that checkpoint's model trained on, and a run's checkpoint
-gets the result in its TensorBoard. One Inception pass over each side in this process (no Ray).
+gets the result in its trackers. One Inception pass over each side in this process (no Ray).
 ``samples`` and ``out`` may be URIs: the samples are downloaded first.
 """
 
@@ -16,11 +16,11 @@ from typing import Any
 
 from raydiff.errors import UserInputError
 from raydiff.evaluate.fid import compute_fid
-from raydiff.evaluate.report import RunCheckpoint, add_to_tensorboard, run_checkpoint, write_json
+from raydiff.evaluate.report import RunCheckpoint, run_checkpoint, track, write_json
 from raydiff.sample.outputs import SAMPLING_RECORD, is_npz_name
 from raydiff.storage import StoragePath, local_copy, resolve_location
 
-TENSORBOARD_SCALARS = {
+TRACKED_SCALARS = {
     "fid": "fid",
     "kid": "kid_mean",
     "precision": "precision",
@@ -46,7 +46,8 @@ class FidResult:
 
     summary: dict[str, Any]
     json_path: StoragePath
-    tensorboard_run: StoragePath | None
+    tracked: list[str]
+    """Where the run's trackers hold the result (none: the samples belong to no run)."""
 
 
 def run_fid(
@@ -59,15 +60,15 @@ def run_fid(
     batch_size: int = 64,
     out: str | None = None,
     features: str | None = None,
-    tensorboard: bool = True,
+    track_in_run: bool = True,
 ) -> FidResult:
     """FID, KID, precision and recall of ``samples`` against ``reference`` (default: the
     samples' run's dataset), written to ``fid_SPLIT.json`` beside the samples (or ``out``).
 
     ``features``: a clean raydiff classifier checkpoint whose penultimate features replace
     Inception's; the results are then ``fd_classifier``, ``kd_classifier_mean``, ...
-    (:data:`CLASSIFIER_NAMES`) in ``fd_classifier_SPLIT.json``. ``tensorboard``: also add them
-    to the samples' run's TensorBoard (a sweep of many weights of one checkpoint does not)."""
+    (:data:`CLASSIFIER_NAMES`) in ``fd_classifier_SPLIT.json``. ``track_in_run``: also log them
+    to the samples' run's trackers (a sweep of many weights of one checkpoint logs its own)."""
     location, folder = samples_location(samples)
     record = read_sampling_record(folder)
     run = run_checkpoint(record["checkpoint"]) if record.get("checkpoint") else None
@@ -98,23 +99,19 @@ def run_fid(
         summary["checkpoint"] = record["checkpoint"]
     default_name = f"{names['fid']}_{split}.json"
     json_path = write_json(resolve_location(out) if out else folder / default_name, summary)
-    if run is not None and tensorboard:
-        scalars = {}
+    tracked = []
+    if run is not None and track_in_run:
         suffix = sampler_suffix(record)
-        for name, key in TENSORBOARD_SCALARS.items():
-            value = result[names[key]]
-            if value is not None:  # precision/recall of 3 images or fewer
-                scalars[f"{names[key] if features else name}_{split}{suffix}"] = value
-        add_to_tensorboard(run.run_dir, step=run.step, scalars=scalars)
-    return FidResult(
-        summary=summary,
-        json_path=json_path,
-        tensorboard_run=run.run_dir if run and tensorboard else None,
-    )
+        scalars = {  # precision/recall of 3 images or fewer are None: not logged
+            f"{names[key] if features else name}_{split}{suffix}": result[names[key]]
+            for name, key in TRACKED_SCALARS.items()
+        }
+        tracked = track(run, scalars=scalars)
+    return FidResult(summary=summary, json_path=json_path, tracked=tracked)
 
 
 def sampler_suffix(record: Mapping[str, Any]) -> str:
-    """How the samples were drawn, as the suffix of their TensorBoard tags: the samples of one
+    """How the samples were drawn, as the suffix of their tracked names: the samples of one
     checkpoint by several samplers or guidance scales land on its one step, each under a tag of
     its own. "" for the full ancestral chain, unguided (and for samples with no record);
     ``_respaced250``, ``_ddim25`` (``--use_ddim``, 25 steps), ``_ddim25_eta0.5``, ``_noclip``,
@@ -173,7 +170,4 @@ def _default_reference(run: RunCheckpoint | None) -> str:
             "--reference is needed: the samples do not come from a raydiff run's checkpoint "
             "(give a prepared dataset, an npz or an image folder)"
         )
-    from raydiff.config import ExperimentConfig, from_dict
-
-    config = from_dict(ExperimentConfig, json.loads((run.checkpoint / "config.json").read_text()))
-    return config.data.data_dir
+    return run.config.data.data_dir

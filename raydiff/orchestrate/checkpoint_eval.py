@@ -37,7 +37,6 @@ class CheckpointEvaluator:
         import torch
 
         torch.set_num_threads(threads)
-        self.config = config
         self.options = config.evaluation
         self.run_dir = run_dir
         self.requested: set[int] = set()
@@ -61,7 +60,6 @@ class CheckpointEvaluator:
                 run_dir=self.run_dir,
                 step=step,
                 options=self.options,
-                run_config=self.config,
             )
         except Exception as error:  # an evaluation must never take the run down
             if not checkpoint.is_dir():

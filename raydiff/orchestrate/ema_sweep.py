@@ -18,8 +18,9 @@ What is measured comes from the run's task (:attr:`raydiff.train.task.TaskSpec.p
 
 Every check runs before anything is reconstructed or written. Each weights' files go to
 ``SWEEP/<weights>/``; the table, ``sweep.csv`` and ``sweep.png`` to the sweep's folder
-(:mod:`raydiff.evaluate.ema_sweep_report`). The run's TensorBoard is left alone: many weights of
-one checkpoint would land on one step.
+(:mod:`raydiff.evaluate.ema_sweep_report`); every weights' figures to the run's trackers at the
+checkpoint's step, as ``eval/ema_sweep/<weights>/<metric>`` (the weights share the step: each
+gets names of its own).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from raydiff.errors import ConfigError, RunInterruptedError, UserInputError
 from raydiff.evaluate.ema_sweep_report import SweepReport, SweepRow, write_sweep_report
 from raydiff.results_table import Ranking
 from raydiff.storage import StoragePath, as_location, write_bytes_atomically
+from raydiff.tracking import log_evaluation
 from raydiff.train.ema_reconstruction import (
     EmaOptions,
     Reconstructed,
@@ -99,7 +101,12 @@ def run_ema_sweep(
         )
         evaluated.append(dataclasses.replace(row, metrics=metrics))
     title = f"{as_location(options.run).name}, step {plan.step}"
-    return written, write_sweep_report(plan.out, evaluated, plan.ranking, title=title)
+    report = write_sweep_report(plan.out, evaluated, plan.ranking, title=title)
+    scalars = {
+        f"ema_sweep/{r.name}/{key}": value for r in evaluated for key, value in r.metrics.items()
+    }
+    log_evaluation(plan.config, run_dir=plan.checkpoint.parent, step=plan.step, scalars=scalars)
+    return written, report
 
 
 def plan_sweep(options: EmaOptions) -> SweepPlan:
@@ -278,7 +285,7 @@ def _sample_metrics(
         inception=options.inception,
         features=options.features,
         out=str(folder / f"{plan.ranking.key}.json"),
-        tensorboard=False,
+        track_in_run=False,
     )
     suffix = "_classifier" if options.features else ""
     keys = (plan.ranking.key, f"precision{suffix}", f"recall{suffix}")
@@ -303,7 +310,7 @@ def _val_bpd(
             out=str(folder),
         ),
         address=address,
-        tensorboard=False,
+        track_in_run=False,
     )
     return float(result.summary["bpd"])
 

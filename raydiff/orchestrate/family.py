@@ -34,8 +34,13 @@ from raydiff.config import ExperimentConfig
 from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError
 from raydiff.family.spec import Family, TrainingStage, load_family
 from raydiff.storage import local_path
+from raydiff.tracking import (
+    finish_parent_tracking,
+    keeps_runs,
+    start_parent_tracking,
+    start_tracking,
+)
 from raydiff.train.checkpoint import latest_checkpoint
-from raydiff.train.tracking import finish_parent_tracking, start_parent_tracking, start_tracking
 
 logger = logging.getLogger(__name__)
 
@@ -124,15 +129,11 @@ def run_family(how: FamilyLoad, *, output: str, address: str | None) -> Path:
 
 
 def start_family_tracking(family: Family, *, out: Path) -> ExperimentConfig | None:
-    """With a tracking backend besides TensorBoard (a stage's ``tracking.backend``): the
+    """With a tracking backend that has runs (a stage's ``tracking.backend``: MLflow, W&B): the
     family's parent runs (in ``DIR/tracking.json``), and each tracked stage's run as their child
     (its run folder's ``tracking.json``, which its command then continues); the config whose
     tracking settings the parent took (None: nothing tracked)."""
-    tracked = [
-        stage
-        for stage in family.stages.values()
-        if stage.config.tracking.backends != ("tensorboard",)
-    ]
+    tracked = [stage for stage in family.stages.values() if keeps_runs(stage.config)]
     if not tracked:
         return None
     config = tracked[0].config

@@ -284,12 +284,12 @@ def _call(
 
 
 def run_bpd(
-    options: BpdOptions, *, address: str | None = None, tensorboard: bool = True
+    options: BpdOptions, *, address: str | None = None, track_in_run: bool = True
 ) -> BpdResult:
     """``raydiff evaluate bpd``: the bound in bits/dim of ``options.split``'s images under the
     checkpoint's model, every check first (:func:`raydiff.evaluate.bpd_job.prepare_bpd`), the
-    images in fixed batches over model actors; ``tensorboard``: also in its run's TensorBoard (a
-    sweep of many weights does not)."""
+    images in fixed batches over model actors; ``track_in_run``: also in its run's trackers (a
+    sweep of many weights logs its own)."""
     from raydiff.evaluate.bpd_job import file_bpd_results, prepare_bpd
     from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console
 
@@ -309,7 +309,7 @@ def run_bpd(
     start = time.monotonic()
     terms = _bound_on_actors(job, options)
     seconds = time.monotonic() - start
-    return file_bpd_results(job, options, terms=terms, seconds=seconds, tensorboard=tensorboard)
+    return file_bpd_results(job, options, terms=terms, seconds=seconds, track_in_run=track_in_run)
 
 
 def _bound_on_actors(job: BpdJob, options: BpdOptions) -> dict[str, np.ndarray]:

@@ -64,8 +64,8 @@ from raydiff.sweep.results import (
     write_csv,
 )
 from raydiff.sweep.spec import LoadedSweep, SearchDimension, load_sweep, trial_run_name
+from raydiff.tracking import finish_parent_tracking, start_parent_tracking
 from raydiff.train.checkpoint import latest_checkpoint
-from raydiff.train.tracking import finish_parent_tracking, start_parent_tracking
 
 logger = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from raydiff.storage import (
     resolve_location,
     resolved,
 )
+from raydiff.tracking import start_tracking
 from raydiff.train.preflight import StartPoint, plan_start
 from raydiff.train.run_lock import run_lock
-from raydiff.train.tracking import start_tracking
 
 if TYPE_CHECKING:
     import ray.train
@@ -108,7 +108,7 @@ def run_training_job(
     already decoded into the object store (``raydiff.data.pipeline.cache_splits``; a sweep
     decodes once for all its trials). ``make_task``: the workers' task factory (pickled to
     them; default the task ``train.task`` names, ``raydiff.train.tasks.task_of_config``).
-    ``tracking_parent``: a sweep's tracked runs (``raydiff.train.tracking``), this run's parents.
+    ``tracking_parent``: a sweep's tracked runs (``raydiff.tracking``), this run's parents.
     """
     # Every check runs before Ray is even imported: a bad config must not start a cluster.
     config = with_absolute_data_dir(config)  # workers chdir into their run folder

@@ -22,13 +22,13 @@ from raydiff.data.in_memory import infinite_batches, load_split_tensors
 from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.errors import UserInputError
 from raydiff.storage import StoragePath, local_copy, resolve_location
+from raydiff.tracking import start_tracking
 from raydiff.train.checkpoint import save_checkpoint
 from raydiff.train.data_position import DataPosition
 from raydiff.train.loop import run_loop
 from raydiff.train.preflight import plan_start
 from raydiff.train.run_lock import run_lock
 from raydiff.train.runtime import Batch, CheckpointFiles, ValBatches
-from raydiff.train.tracking import start_tracking
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ Files under ``output_dir`` (the main rank writes them, ``raydiff.train.run_files
     checkpoint_NNNNNN/               complete checkpoints (raydiff.train.checkpoint)
     samples/samples_NNNNNN.png       previews: EMA sample grids (DDIM)
     tensorboard/                     TensorBoard event files (scalars, sample grids, histograms)
-    tracking.json                    the run's tracked runs (MLflow, W&B: raydiff.train.tracking)
+    tracking.json                    the run's tracked runs (MLflow, W&B: raydiff.tracking)
     config.json                      the resolved config
     compile_cache/                   with train.compile: the compiled artefacts, which a
                                      restarted or resumed run loads (raydiff.train.compilation)

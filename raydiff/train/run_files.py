@@ -1,11 +1,9 @@
 """What the main rank writes into a run folder while it trains: the resolved config, preview
 grids, post-hoc EMA snapshots, and what it logs to the run's trackers (``tracking.backend``:
-TensorBoard's events, MLflow, W&B; :mod:`raydiff.train.tracking`).
+TensorBoard, MLflow, W&B; :mod:`raydiff.tracking`).
 
 ``output_dir`` may be a URI (``raydiff.storage.StoragePath``): the files are then written into a
-local staging folder and each is uploaded after writing it (TensorBoard's events at every
-checkpoint and at most every ``EVENTS_UPLOAD_INTERVAL_S`` in between; what a failed attempt logged
-after its last checkpoint is dropped on resume anyway, see ``purge_step``).
+local staging folder and each is uploaded after writing it.
 """
 
 from __future__ import annotations
@@ -20,18 +18,14 @@ import torch
 
 from raydiff.config import ExperimentConfig, to_dict
 from raydiff.storage import MirroredFolder, StoragePath
+from raydiff.tracking import Point, open_trackers
 from raydiff.train.checkpoint import checkpoint_name
 from raydiff.train.sample_grid import make_grid, save_png
-from raydiff.train.tracking import Point, open_trackers
 
 logger = logging.getLogger(__name__)
 
 POSTHOC_DIR = "posthoc_ema"
 """The run folder's post-hoc EMA snapshots (``raydiff ema`` reads them)."""
-
-EVENTS_UPLOAD_INTERVAL_S = 60.0
-"""A remote run folder's TensorBoard events are uploaded (whole) at most this often between
-checkpoints."""
 
 
 def snapshot_name(step: int) -> str:
@@ -72,9 +66,8 @@ class RunFiles:
         self.step_losses.clear()
         points.append(Point(step, {k: v for k, v in report.items() if k != "step"}))
         self.trackers.log_scalars(points)
-        tensorboard = self.trackers.tensorboard
-        if sampler_weights is not None and tensorboard is not None:
-            tensorboard.log_histogram("sampler/weights", sampler_weights, step=step)
+        if sampler_weights is not None:
+            self.trackers.log_histogram("sampler/weights", sampler_weights, step=step)
 
     def write_preview(self, images: torch.Tensor, *, step: int, columns: int | None = None) -> None:
         """``samples/samples_NNNNNN.png`` (``columns`` wide; default about sqrt(N)), logged as
@@ -105,14 +98,9 @@ class RunFiles:
             path.unlink()
 
     def publish_events(self, *, now: bool) -> None:
-        """The trackers' buffers written out, and a remote run folder's TensorBoard events so
-        far uploaded (``now``: whatever the interval)."""
+        """The trackers' buffers written out (``now``: whatever their intervals)."""
         self.trackers.flush(now=now)
-        if self.files.is_remote and self.trackers.tensorboard is not None:
-            self.files.publish("tensorboard", min_interval_s=0 if now else EVENTS_UPLOAD_INTERVAL_S)
 
     def close(self) -> None:
         self.trackers.close()
-        if self.files.is_remote and self.trackers.tensorboard is not None:
-            self.files.publish("tensorboard", min_interval_s=0)
         self.files.close()

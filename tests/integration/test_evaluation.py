@@ -77,7 +77,7 @@ def test_bpd_is_the_same_on_one_and_two_workers_and_reaches_the_runs_tensorboard
     assert one.summary["bpd"] == two.summary["bpd"] and one.summary["num_images"] == 10
     assert json.loads(one.json_path.read_text())["bpd"] == one.summary["bpd"]
     run = run_checkpoint.parent
-    assert one.tensorboard_run == run.resolve()
+    assert one.tracked == [f"tensorboard: tensorboard --logdir {run.resolve() / 'tensorboard'}"]
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
     # Both evaluations were of the run's checkpoint at step 12.

@@ -192,7 +192,7 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     )
     results = f"{uri}/evaluation/checkpoint_000006/bpd_val_respaced10"
     assert (str(bpd.json_path), str(bpd.terms_path)) == (f"{results}.json", f"{results}_terms.npz")
-    assert str(bpd.tensorboard_run) == uri
+    assert bpd.tracked == [f"tensorboard: tensorboard --logdir {uri}/tensorboard"]
     written = json.loads(as_location(f"{results}.json").read_text())
     assert written["bpd"] == bpd.summary["bpd"] and written["checkpoint"] == second["checkpoint"]
     with np.load(download(as_location(f"{results}_terms.npz"), tmp_path / "t.npz")) as terms:

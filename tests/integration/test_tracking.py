@@ -10,6 +10,8 @@ offline run files.
    with one child per trial and the results table.
 3. W&B offline: a run continued from an older checkpoint than its last logged step (steps 3-4
    trained again) logs each step once into one W&B run, read back from its ``.wandb`` files.
+4. ``raydiff evaluate fid`` of samples drawn from a tracked run's checkpoint logs into that
+   run's MLflow run.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from test_sweep import _sweep_cli, _wait_for, write_base, write_sweep
 from test_training import tiny_config
 
 from raydiff.config import ExperimentConfig, from_dict
-from raydiff.train.tracking import TRACKING_FILE, flat_params
+from raydiff.tracking import TRACKING_FILE, flat_params
 
 pytestmark = pytest.mark.integration
 
@@ -240,7 +242,7 @@ def test_a_family_is_one_parent_with_a_child_per_stage(mlflow_server: str, tmp_p
 
     from raydiff.family.spec import load_family
     from raydiff.orchestrate.family import start_family_tracking
-    from raydiff.train.tracking import finish_parent_tracking, read_state
+    from raydiff.tracking import finish_parent_tracking, read_state
 
     tracking = [
         "tracking.backend=tensorboard,mlflow",
@@ -267,6 +269,50 @@ def test_a_family_is_one_parent_with_a_child_per_stage(mlflow_server: str, tmp_p
     (out / "report.csv").write_text("name,fd\nfamily,36.5\n")
     finish_parent_tracking(config, sweep_dir=out, results_csv=out / "report.csv")
     assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["report.csv"]
+
+
+def test_an_evaluation_of_a_tracked_runs_samples_is_in_its_mlflow_run(
+    mlflow_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    """The FID of samples whose ``sampling.json`` names a run's checkpoint (a stand-in
+    Inception; no training: the run folder is what its driver and a checkpoint leave) goes to
+    the run's MLflow run at the checkpoint's step."""
+    import numpy as np
+    from mlflow.tracking import MlflowClient
+    from tiny_model import TinyFeatures
+
+    from raydiff.cli import main
+    from raydiff.config import apply_overrides, to_dict
+    from raydiff.evaluate import fid
+    from raydiff.sample.outputs import SAMPLING_RECORD, write_npz
+    from raydiff.tracking import start_tracking
+
+    monkeypatch.setattr(fid, "load_inception", lambda path, device="cpu": TinyFeatures())
+    config = apply_overrides(
+        ExperimentConfig(),
+        [
+            "tracking.backend=mlflow",
+            f"tracking.mlflow_tracking_uri={mlflow_server}",
+            "tracking.mlflow_experiment=evaluated",
+        ],
+    )
+    run, checkpoint = tmp_path / "run", tmp_path / "run" / "checkpoint_000004"
+    checkpoint.mkdir(parents=True)
+    for folder in (run, checkpoint):
+        (folder / "config.json").write_text(json.dumps(to_dict(config)))
+    run_id = start_tracking(config, run_dir=run)["mlflow"]["run_id"]
+    rng = np.random.default_rng(0)
+    reference = write_npz(rng.integers(0, 256, (6, 8, 8, 3), dtype=np.uint8), tmp_path / "ref")
+    samples = tmp_path / "samples"
+    write_npz(rng.integers(0, 256, (6, 8, 8, 3), dtype=np.uint8), samples)
+    (samples / SAMPLING_RECORD).write_text(json.dumps({"checkpoint": str(checkpoint)}))
+
+    argv = ["evaluate", "fid", "--samples", str(samples), "--reference", str(reference)]
+    assert main([*argv, "--split", "val"]) == 0
+    written = json.loads((samples / "fid_val.json").read_text())
+    [logged] = MlflowClient(mlflow_server).get_metric_history(run_id, "eval/fid_val")
+    assert (logged.step, logged.value) == (4, pytest.approx(written["fid"]))
+    assert f"mlflow: run {run_id} at {mlflow_server}" in capsys.readouterr().out
 
 
 def wandb_records(path: Path) -> Iterator[Any]:

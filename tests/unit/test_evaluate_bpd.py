@@ -19,7 +19,7 @@ from raydiff.evaluate.bpd import (
     walk_timesteps,
     write_terms,
 )
-from raydiff.evaluate.report import add_to_tensorboard, run_checkpoint, write_json
+from raydiff.evaluate.report import run_checkpoint, track, write_json
 from raydiff.factory import create_gaussian_diffusion, create_model
 from raydiff.sample.load import parse_model_flags
 from raydiff.train.checkpoint import save_checkpoint
@@ -111,7 +111,7 @@ def test_summary_and_terms_file(tmp_path):
     assert not list(tmp_path.glob("*.tmp*"))
 
 
-def test_results_of_a_runs_checkpoint_go_to_its_folder_and_tensorboard(tmp_path):
+def test_results_of_a_runs_checkpoint_go_to_its_folder_and_trackers(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     config = config_from_flags(parse_model_flags(FLAGS))
@@ -134,7 +134,9 @@ def test_results_of_a_runs_checkpoint_go_to_its_folder_and_tensorboard(tmp_path)
 
     path = write_json(found.results_dir / "r.json", {"bpd": 3.5, "stderr": float("nan")})
     assert json.loads(path.read_text()) == {"bpd": 3.5, "stderr": None}
-    add_to_tensorboard(run, step=30, scalars={"bpd_test": 3.5, "skipped": float("nan")})
+    assert track(found, scalars={"bpd_test": 3.5, "skipped": float("nan")}) == [
+        f"tensorboard: tensorboard --logdir {run.resolve() / 'tensorboard'}"
+    ]
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
     assert events.Tags()["scalars"] == ["eval/bpd_test"]

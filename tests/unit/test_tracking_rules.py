@@ -1,5 +1,5 @@
 """The tracking section's checks, the refusal of a tracker that is not installed, and the rule
-that logs each step once (raydiff.train.tracking). The backends against a real MLflow server
+that logs each step once (raydiff.tracking). The backends against a real MLflow server
 and W&B's offline files: tests/integration/test_tracking.py."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from raydiff.config import ExperimentConfig, TrackingConfig, apply_overrides
 from raydiff.errors import ConfigError
+from raydiff.tracking import Point, Trackers
 from raydiff.train.preflight import check_run
-from raydiff.train.tracking import Point, Trackers
 
 pytestmark = pytest.mark.unit
 
@@ -69,12 +69,13 @@ def test_a_tracker_that_is_not_installed_is_refused_before_the_run_naming_its_ex
 class Recorder:
     """A tracker that records what reaches it; its run held steps up to ``logged_through``."""
 
-    name = "recorder"
+    where = "recorder"
 
     def __init__(self, logged_through: int) -> None:
         self.logged_through = logged_through
         self.steps: list[int] = []
         self.images: list[int] = []
+        self.histograms: list[int] = []
         self.checkpoints: list[int] = []
 
     def log_scalars(self, points: Sequence[Point]) -> None:
@@ -82,6 +83,9 @@ class Recorder:
 
     def log_image(self, key: str, image: np.ndarray, *, step: int) -> None:
         self.images.append(step)
+
+    def log_histogram(self, key: str, values: np.ndarray, *, step: int) -> None:
+        self.histograms.append(step)
 
     def log_checkpoint(self, location: str, *, step: int) -> None:
         self.checkpoints.append(step)
@@ -101,9 +105,10 @@ def test_steps_a_restart_trains_again_are_logged_once() -> None:
     grid = np.zeros((4, 4, 1), np.uint8)
     for step in range(5, 10):
         trackers.log_image("samples/ema", grid, step=step)
+        trackers.log_histogram("sampler/weights", np.ones(3), step=step)
         trackers.log_scalars([Point(step, {"loss_step": 0.1}), Point(step, {"loss": 0.1})])
         trackers.log_checkpoint(f"run/checkpoint_{step:06d}", step=step)
     assert fresh.steps == [5, 5, 6, 6, 7, 7, 8, 8, 9, 9]
     assert resumed.steps == [7, 7, 8, 8, 9, 9]
-    assert resumed.images == [7, 8, 9]
+    assert resumed.images == resumed.histograms == [7, 8, 9]
     assert resumed.checkpoints == [5, 6, 7, 8, 9]  # where they are: always said

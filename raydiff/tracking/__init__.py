@@ -1,12 +1,14 @@
-"""Experiment tracking: one small interface (:class:`Tracker`), one module per backend
-(:mod:`.tensorboard`, :mod:`.mlflow`, :mod:`.wandb`), chosen by ``tracking.backend``.
+"""Experiment tracking, the one logging seam: every writer of metrics (the training loop's main
+rank, the checkpoint evaluator, ``raydiff evaluate``, the post-hoc EMA sweep) logs through
+:class:`Trackers`. One interface (:class:`Tracker`), one module per backend (:class:`Backend`:
+:mod:`.tensorboard`, :mod:`.mlflow`, :mod:`.wandb`), chosen by ``tracking.backend``.
 
 One tracked run per run folder, whatever happens to the run. The driver (a Ray run's, a
 ``--single-process`` run's, a sweep trial's) calls :func:`start_tracking` before anything trains:
 it creates the backends' runs once and keeps their ids in ``RUN/tracking.json`` (written
-atomically; a URI's too). The main rank (:func:`open_trackers`), and the checkpoint evaluator,
-log into the runs named there, so a resumed run, a restarted worker group, an elastic resize and
-a preemption continue the same tracked run.
+atomically; a URI's too). The main rank (:func:`open_trackers`), and every evaluation of the
+run's checkpoints (:func:`log_evaluation`), log into the runs named there, so a resumed run, a
+restarted worker group, an elastic resize and a preemption continue the same tracked run.
 
 A step is logged once: a tracker knows the last step its run holds (``logged_through``, read
 when it opens), and steps up to it, trained again after a restart from an older checkpoint, are
@@ -23,25 +25,29 @@ results table (a sweep's ``results.csv``, a family's ``report.csv``) goes to the
 
 from __future__ import annotations
 
+import importlib
 import json
+import math
+import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from raydiff.config import ExperimentConfig
 from raydiff.storage import StoragePath, write_text_atomically
 
-if TYPE_CHECKING:
-    from raydiff.train.tracking.tensorboard import TensorBoardTracker
-
 TRACKING_FILE = "tracking.json"
 """``RUN/tracking.json`` (and a sweep folder's): ``key`` (this run's identity, tagged on its
 tracked runs so that a driver killed between creating one and writing this file finds it again)
 and each backend's entry (its run id and what it needs to log there again)."""
+
+Role = Literal["training", "evaluation"]
+"""Who logs: the main rank ('training': the run's steps), or an evaluation of its checkpoints
+('evaluation': ``eval/...`` at a checkpoint's step, whenever it ends)."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +62,10 @@ class Point:
 class Tracker(Protocol):
     """One backend's tracked run, open for logging."""
 
-    name: str
     logged_through: int
     """The last step the tracked run held when it was opened (-1: none)."""
+    where: str
+    """Where the logged values are, for a person: ``NAME: ...``."""
 
     def log_scalars(self, points: Sequence[Point]) -> None:
         """Metrics at their steps (ascending): one report's, logged together."""
@@ -66,6 +73,10 @@ class Tracker(Protocol):
 
     def log_image(self, key: str, image: np.ndarray, *, step: int) -> None:
         """A uint8 ``[H, W, C]`` image (a grid) at ``step``."""
+        ...
+
+    def log_histogram(self, key: str, values: np.ndarray, *, step: int) -> None:
+        """The distribution of ``values`` at ``step`` (a backend without histograms: none)."""
         ...
 
     def log_checkpoint(self, location: str, *, step: int) -> None:
@@ -77,6 +88,23 @@ class Tracker(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    """A tracking backend: the module of this package named after it (``tracking.backend``)."""
+
+    KEEPS_RUNS: bool
+    """Whether it has runs of its own, whose ids ``tracking.json`` keeps (TensorBoard's events
+    are the run folder's own)."""
+    start: Callable[..., dict[str, Any]]
+    """``(config, *, folder, key, entry, parent, sweep)``: the folder's run (``entry``: the one
+    ``tracking.json`` names, if any) created or found again; its entry for ``tracking.json``."""
+    open_tracker: Callable[..., Tracker]
+    """``(config, entry, *, run_dir, local_dir, start_step, role)``: a :class:`Tracker` logging
+    into the run ``entry`` names (None: a backend without runs); the backend's tracker class."""
+    log_results: Callable[..., None]
+    """``(entry, *, results_csv, folder)``: a sweep's or family's table in its parent run,
+    which then ends."""
 
 
 def read_state(folder: StoragePath) -> dict[str, Any]:
@@ -101,11 +129,19 @@ def flat_params(config: ExperimentConfig) -> dict[str, str]:
     }
 
 
-def _backend(name: str) -> Any:
-    """The module of backend ``name`` (imported when chosen: each is an optional extra)."""
-    import importlib
+def _backends(config: ExperimentConfig) -> dict[str, Backend]:
+    """The modules of the config's backends (imported when chosen: each package they log
+    through is imported on first use, an optional extra)."""
+    return {
+        name: importlib.import_module(f"{__name__}.{name}")  # type: ignore[misc]
+        for name in config.tracking.backends
+    }
 
-    return importlib.import_module(f"raydiff.train.tracking.{name}")
+
+def keeps_runs(config: ExperimentConfig) -> bool:
+    """Whether a backend of ``config`` has runs of its own (MLflow, W&B), kept in
+    ``tracking.json``."""
+    return any(backend.KEEPS_RUNS for backend in _backends(config).values())
 
 
 def start_tracking(
@@ -113,37 +149,22 @@ def start_tracking(
     *,
     run_dir: StoragePath,
     parent: Mapping[str, Any] | None = None,
+    sweep: bool = False,
 ) -> dict[str, Any]:
     """Create the run's tracked runs, or find them in ``RUN/tracking.json``; the state written
     there. ``parent``: a sweep's state (:func:`start_parent_tracking`), whose runs are the
-    parents. Called by the driver before anything trains."""
-    return _start(config, folder=run_dir, parent=parent, sweep=False)
-
-
-def start_parent_tracking(config: ExperimentConfig, *, sweep_dir: StoragePath) -> dict[str, Any]:
-    """A sweep's or a family's parent runs (created once, found again when it continues)."""
-    return _start(config, folder=sweep_dir, parent=None, sweep=True)
-
-
-def _start(
-    config: ExperimentConfig,
-    *,
-    folder: StoragePath,
-    parent: Mapping[str, Any] | None,
-    sweep: bool,
-) -> dict[str, Any]:
-    if config.tracking.backends == ("tensorboard",):
-        return {}  # TensorBoard's events are the run folder's own: nothing to keep
-    state = read_state(folder)
+    parents; ``sweep``: these are a sweep's. Called by the driver before anything trains."""
+    backends = {name: b for name, b in _backends(config).items() if b.KEEPS_RUNS}
+    if not backends:
+        return {}  # nothing to keep
+    state = read_state(run_dir)
     if "key" not in state:  # first: a run created after this is found by it again
         state["key"] = uuid.uuid4().hex
-        write_state(folder, state)
-    for name in config.tracking.backends:
-        if name == "tensorboard":
-            continue  # its files are the run folder's
-        entry = _backend(name).start(
+        write_state(run_dir, state)
+    for name, backend in backends.items():
+        entry = backend.start(
             config,
-            folder=folder,
+            folder=run_dir,
             key=state["key"],
             entry=state.get(name),
             parent=(parent or {}).get(name),
@@ -151,8 +172,13 @@ def _start(
         )
         if entry != state.get(name):
             state[name] = entry
-            write_state(folder, state)
+            write_state(run_dir, state)
     return state
+
+
+def start_parent_tracking(config: ExperimentConfig, *, sweep_dir: StoragePath) -> dict[str, Any]:
+    """A sweep's or a family's parent runs (created once, found again when it continues)."""
+    return start_tracking(config, run_dir=sweep_dir, sweep=True)
 
 
 def finish_parent_tracking(
@@ -160,22 +186,16 @@ def finish_parent_tracking(
 ) -> None:
     """A sweep's or a family's results table, as an artifact of its parent runs."""
     state = read_state(sweep_dir)
-    for name in config.tracking.backends:
+    for name, backend in _backends(config).items():
         if name in state:
-            _backend(name).log_results(state[name], results_csv=results_csv, folder=sweep_dir)
+            backend.log_results(state[name], results_csv=results_csv, folder=sweep_dir)
 
 
 class Trackers:
-    """The main rank's trackers of one run: each step is logged once to each (see the module
-    docstring)."""
+    """The trackers of one run: each step is logged once to each (see the module docstring)."""
 
     def __init__(self, trackers: Sequence[Tracker]) -> None:
         self.trackers = list(trackers)
-
-    @property
-    def tensorboard(self) -> TensorBoardTracker | None:
-        """The TensorBoard tracker, for what only it shows (histograms)."""
-        return next((t for t in self.trackers if t.name == "tensorboard"), None)  # type: ignore[return-value]
 
     def log_scalars(self, points: Sequence[Point]) -> None:
         for tracker in self.trackers:
@@ -187,6 +207,11 @@ class Trackers:
         for tracker in self.trackers:
             if step > tracker.logged_through:
                 tracker.log_image(key, image, step=step)
+
+    def log_histogram(self, key: str, values: np.ndarray, *, step: int) -> None:
+        for tracker in self.trackers:
+            if step > tracker.logged_through:
+                tracker.log_histogram(key, values, step=step)
 
     def log_checkpoint(self, location: str, *, step: int) -> None:
         for tracker in self.trackers:
@@ -207,28 +232,58 @@ def open_trackers(
     run_dir: StoragePath,
     local_dir: Path,
     start_step: int,
-    role: str = "training",
+    role: Role = "training",
 ) -> Trackers:
     """The trackers of the run in ``run_dir`` (its tracked runs: :func:`start_tracking`), open
-    for logging. ``local_dir``: the run's local folder (a URI's staging folder), where
-    TensorBoard and W&B write their files; ``start_step``: the step the run continues from;
-    ``role``: 'training' (the main rank), or 'evaluation' (the checkpoint evaluator: the
-    backends other than TensorBoard, which has its own evaluation events)."""
-    state = read_state(run_dir) if config.tracking.backends != ("tensorboard",) else {}
+    for logging. ``local_dir``: a local folder for the backends' own files (the run folder, or a
+    URI's staging folder); ``start_step``: the step the run continues from."""
+    state = read_state(run_dir) if keeps_runs(config) else {}
     trackers = []
-    for name in config.tracking.backends:
-        if name == "tensorboard":
-            if role == "training":
-                trackers.append(_backend(name).open_tracker(local_dir, start_step=start_step))
-            continue
-        if name not in state:
+    for name, backend in _backends(config).items():
+        if backend.KEEPS_RUNS and name not in state:
             raise RuntimeError(
                 f"{run_dir}/{TRACKING_FILE} names no {name} run: the driver starts the tracked "
                 "runs (start_tracking) before the workers"
             )
         trackers.append(
-            _backend(name).open_tracker(
-                config, state[name], run_dir=run_dir, local_dir=local_dir, role=role
+            backend.open_tracker(
+                config,
+                state.get(name),
+                run_dir=run_dir,
+                local_dir=local_dir,
+                start_step=start_step,
+                role=role,
             )
         )
     return Trackers(trackers)
+
+
+def log_evaluation(
+    config: ExperimentConfig,
+    *,
+    run_dir: StoragePath,
+    step: int,
+    scalars: Mapping[str, Any],
+    images: Mapping[str, np.ndarray] | None = None,
+) -> list[str]:
+    """An evaluation of the checkpoint of ``step`` of the run in ``run_dir`` (``config``: the
+    run's), in the run's trackers: the finite ``scalars`` as ``eval/NAME`` and the uint8
+    ``[H, W, C]`` ``images`` as ``eval/NAME``, at ``step``. Returns where they went (a line per
+    tracker)."""
+    finite = {
+        f"eval/{name}": value
+        for name, value in scalars.items()
+        if isinstance(value, float | int) and math.isfinite(value)
+    }
+    with tempfile.TemporaryDirectory(prefix="raydiff-evaluation-tracking-") as local:
+        trackers = open_trackers(
+            config, run_dir=run_dir, local_dir=Path(local), start_step=0, role="evaluation"
+        )
+        try:
+            if finite:
+                trackers.log_scalars([Point(step, finite)])
+            for name, image in (images or {}).items():
+                trackers.log_image(f"eval/{name}", image, step=step)
+        finally:
+            trackers.close()
+    return [tracker.where for tracker in trackers.trackers]

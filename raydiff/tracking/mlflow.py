@@ -5,13 +5,14 @@ The run holds the config as params, the metrics at their steps, the preview grid
 evaluations as images, and tags: ``checkpoint_NNNNNN`` (where each checkpoint is),
 ``raydiff.logged_through`` (the last step logged: set in the same ``log_batch`` as the step's
 metrics, which the tracking store writes at once or not at all) and ``raydiff.key`` (the run
-folder's identity, :data:`raydiff.train.tracking.TRACKING_FILE`). A sweep's trials are children
+folder's identity, :data:`raydiff.tracking.TRACKING_FILE`). A sweep's trials are children
 of its parent run (``mlflow.parentRunId``), whose artifact ``results.csv`` is the sweep's table.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,9 +22,11 @@ import numpy as np
 
 from raydiff.config import ExperimentConfig
 from raydiff.storage import StoragePath, local_copy
-from raydiff.train.tracking import Point, flat_params
+from raydiff.tracking import Point, Role, flat_params
 
 logger = logging.getLogger(__name__)
+
+KEEPS_RUNS = True
 
 KEY_TAG = "raydiff.key"
 LOGGED_THROUGH_TAG = "raydiff.logged_through"
@@ -90,12 +93,13 @@ def _log_params(client: Any, run_id: str, params: Mapping[str, str]) -> None:
 class MlflowTracker:
     """Logs into the run an entry of ``tracking.json`` names."""
 
-    name = "mlflow"
-
-    def __init__(self, entry: Mapping[str, Any], *, role: str) -> None:
+    def __init__(
+        self, config: ExperimentConfig, entry: Mapping[str, Any], *, role: Role, **_: Any
+    ) -> None:
         self.client = _client(entry["tracking_uri"])
         self.run_id = entry["run_id"]
         self.role = role
+        self.where = f"mlflow: run {self.run_id} at {entry['tracking_uri']}"
         self.logged_through = -1  # the evaluator's: each checkpoint is evaluated once
         if role == "training":
             tags = self.client.get_run(self.run_id).data.tags
@@ -112,7 +116,10 @@ class MlflowTracker:
                 self._log_batch(batch, last_step=batch[-1].step)
                 batch = []
             stamp = int((point.wall_time or time.time()) * 1000)
-            batch += [Metric(k, float(v), stamp, point.step) for k, v in point.values.items()]
+            batch += [
+                Metric(_metric_name(k), float(v), stamp, point.step)
+                for k, v in point.values.items()
+            ]
         if batch:
             self._log_batch(batch, last_step=batch[-1].step)
 
@@ -125,6 +132,9 @@ class MlflowTracker:
     def log_image(self, key: str, image: np.ndarray, *, step: int) -> None:
         self.client.log_image(self.run_id, _squeeze(image), key=key, step=step)
 
+    def log_histogram(self, key: str, values: np.ndarray, *, step: int) -> None:
+        pass  # MLflow has no histograms
+
     def log_checkpoint(self, location: str, *, step: int) -> None:
         self.client.set_tag(self.run_id, Path(str(location)).name, str(location))
 
@@ -136,20 +146,17 @@ class MlflowTracker:
             self.client.set_terminated(self.run_id, status="FINISHED")
 
 
+def _metric_name(key: str) -> str:
+    """``key`` in the characters MLflow takes (a classifier's ``acc@1``: ``acc_1``)."""
+    return re.sub(r"[^\w\-. :/]", "_", key)
+
+
 def _squeeze(image: np.ndarray) -> np.ndarray:
     """A one-channel ``[H, W, 1]`` image as ``[H, W]`` (greyscale), others as they are."""
     return image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image
 
 
-def open_tracker(
-    config: ExperimentConfig,
-    entry: Mapping[str, Any],
-    *,
-    run_dir: StoragePath,
-    local_dir: Path,
-    role: str,
-) -> MlflowTracker:
-    return MlflowTracker(entry, role=role)
+open_tracker = MlflowTracker  # the Backend protocol's name for it
 
 
 def log_results(entry: Mapping[str, Any], *, results_csv: StoragePath, folder: StoragePath) -> None:

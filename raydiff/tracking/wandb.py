@@ -26,9 +26,11 @@ import numpy as np
 
 from raydiff.config import ExperimentConfig
 from raydiff.storage import StoragePath, local_path
-from raydiff.train.tracking import Point, flat_params, read_state, write_state
+from raydiff.tracking import Point, Role, flat_params, read_state, write_state
 
 logger = logging.getLogger(__name__)
+
+KEEPS_RUNS = True
 
 EVAL_STEP = "eval/step"
 """The x-axis of the checkpoint evaluations: the evaluator logs them as the checkpoints'
@@ -91,8 +93,6 @@ def _init(entry: Mapping[str, Any], *, name: str, local_dir: Path, **kwargs: Any
 class WandbTracker:
     """Logs into the run an entry of ``tracking.json`` names."""
 
-    name = "wandb"
-
     def __init__(
         self,
         config: ExperimentConfig,
@@ -100,9 +100,11 @@ class WandbTracker:
         *,
         run_dir: StoragePath,
         local_dir: Path,
-        role: str,
+        role: Role,
+        **_: Any,
     ) -> None:
         self.run_dir, self.role = run_dir, role
+        self.where = f"wandb: run {entry['run_id']} ({entry['mode']}, project {entry['project']})"
         # The evaluator's: each checkpoint is evaluated once.
         self.logged_through = int(entry.get("logged_through", -1)) if role == "training" else -1
         self.run = _init(
@@ -141,6 +143,9 @@ class WandbTracker:
         else:
             self.run.log({key: picture}, step=step)
 
+    def log_histogram(self, key: str, values: np.ndarray, *, step: int) -> None:
+        pass  # TensorBoard's alone
+
     def log_checkpoint(self, location: str, *, step: int) -> None:
         self.run.summary["checkpoint"] = str(location)
         self.run.summary[f"checkpoints/{Path(str(location)).name}"] = str(location)
@@ -152,15 +157,7 @@ class WandbTracker:
         self.run.finish()
 
 
-def open_tracker(
-    config: ExperimentConfig,
-    entry: Mapping[str, Any],
-    *,
-    run_dir: StoragePath,
-    local_dir: Path,
-    role: str,
-) -> WandbTracker:
-    return WandbTracker(config, entry, run_dir=run_dir, local_dir=local_dir, role=role)
+open_tracker = WandbTracker  # the Backend protocol's name for it
 
 
 def log_results(entry: Mapping[str, Any], *, results_csv: StoragePath, folder: StoragePath) -> None:
