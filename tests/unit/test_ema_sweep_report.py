@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from raydiff.ema.reconstruction import EmaOptions
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.evaluate.ema_sweep_report import (
     Ranking,
@@ -19,7 +20,6 @@ from raydiff.evaluate.ema_sweep_report import (
     plot_png,
     write_sweep_report,
 )
-from raydiff.train.ema_reconstruction import EmaOptions
 from raydiff.train.tasks import task_specs
 
 pytestmark = pytest.mark.unit
