@@ -3,7 +3,7 @@
 The step calls a compiled module (``train.compile``); checkpoints, EMA and the weight
 fingerprints use the uncompiled one, whose parameters are the same tensors: state-dict keys stay
 those of the module (no ``_orig_mod.`` prefix) and EMA tracks the trained weights. Validation
-and previews call the uncompiled module compiled for inference (:func:`compile_for_sampling`),
+and previews call the uncompiled module compiled for inference (:func:`compile_static`),
 into which the loop swaps the EMA weights.
 
 Compiling a UNet takes minutes, and an elastic resize, a preemption or a resume restarts every
@@ -39,27 +39,22 @@ INDUCTOR_FOLDER = "inductor"
 INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def compile_for_step(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` (the module the step calls: the DDP wrapper on several workers) compiled for
-    the training step.
+def compile_static(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` compiled with every shape static (``dynamic=False``): one graph per shape,
+    instead of a slower dynamic-shape graph for all. Used for
 
-    DDP is wrapped first and compiled after, as PyTorch's DDP notes ask: dynamo then splits the
-    graph at DDP's gradient buckets (its DDPOptimizer), so the all-reduce of a bucket overlaps
-    the rest of the backward pass. ``dynamic=False``: every shape is static (the per-worker
-    microbatch, the image size, the timesteps and labels of a microbatch are fixed for a run),
-    so a run compiles once and a new shape (an elastic resize's batch) compiles once more,
-    instead of a slower dynamic-shape graph for all.
+    - the training step (``model``: the module the step calls, the DDP wrapper on several
+      workers). DDP is wrapped first and compiled after, as PyTorch's DDP notes ask: dynamo then
+      splits the graph at DDP's gradient buckets (its DDPOptimizer), so the all-reduce of a
+      bucket overlaps the rest of the backward pass. The per-worker microbatch, the image size,
+      the timesteps and labels of a microbatch are fixed for a run, so a run compiles once and
+      a new shape (an elastic resize's batch) compiles once more;
+    - inference: ``raydiff sample --compile``'s sampling loop, and a compiled run's validation
+      and previews. The fixed batches of ``raydiff.sample.generate.index_batches`` have one
+      size (the last may have another), so every batch of one size runs the same kernels
+      wherever it runs and a sample still depends on (seed, index) alone. The compiled module
+      calls ``model``'s parameters: the EMA weights the loop swaps into them compile nothing new.
     """
-    return torch.compile(model, dynamic=False)
-
-
-def compile_for_sampling(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` compiled for inference: ``raydiff sample --compile``'s sampling loop, and a
-    compiled run's validation and previews. ``dynamic=False``: one graph per batch shape (the
-    fixed batches of ``raydiff.sample.generate.index_batches`` have one size, the last may have
-    another), so every batch of one size runs the same kernels wherever it runs and a sample
-    still depends on (seed, index) alone. The compiled module calls ``model``'s parameters: the
-    EMA weights the loop swaps into them for an evaluation compile nothing new."""
     return torch.compile(model, dynamic=False)
 
 

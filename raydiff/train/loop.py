@@ -37,7 +37,7 @@ from raydiff.seeding import derive_seed
 from raydiff.storage import StoragePath
 from raydiff.train.build import build_rank_optimizer
 from raydiff.train.checkpoint import load_checkpoint
-from raydiff.train.compilation import CompileCache, compile_for_sampling
+from raydiff.train.compilation import CompileCache, compile_static
 from raydiff.train.data_position import DataPosition
 from raydiff.train.failure import note_step
 from raydiff.train.metric_accumulator import MetricAccumulator
@@ -344,7 +344,7 @@ class TrainingLoop:
         if not self.optimizer.compiled:
             return self.raw_model
         if self.compiled_raw_model is None:
-            self.compiled_raw_model = compile_for_sampling(self.raw_model)
+            self.compiled_raw_model = compile_static(self.raw_model)
         return self.compiled_raw_model
 
     def preview_model(self) -> torch.nn.Module:

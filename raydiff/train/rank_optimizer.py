@@ -19,7 +19,7 @@ from raydiff.config import OptimConfig, TrainConfig
 from raydiff.core.keyed_noise import RowNoise, row_keys
 from raydiff.core.timestep_sampler import LossSync, ScheduleSampler
 from raydiff.seeding import derive_seed
-from raydiff.train.compilation import compile_for_step
+from raydiff.train.compilation import compile_static
 from raydiff.train.ema import EMA
 from raydiff.train.optimizer import build_optimizer
 from raydiff.train.posthoc_ema import PowerFunctionEMA
@@ -91,7 +91,7 @@ class RankOptimizer:
     ) -> None:
         self.raw_model = raw_model if raw_model is not None else model
         self.compiled = compile_step
-        self.model = compile_for_step(model) if compile_step else model
+        self.model = compile_static(model) if compile_step else model
         self.losses = losses
         self.sampler = sampler
         self.optim_config = optim
@@ -228,10 +228,13 @@ class RankOptimizer:
         """Unscale, clip and step (or skip a step with non-finite gradients); EMA after a step.
         Returns the gradient norm and whether the optimiser stepped."""
         self.precision.unscale_(self.optimizer)
-        grad_norm = self._grad_norm()
+        grads = [p.grad for p in self.raw_model.parameters() if p.grad is not None]
+        grad_norm = self._grad_norm(grads)
         grads_finite = bool(torch.isfinite(grad_norm))
-        if grads_finite and self.optim_config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.optim_config.grad_clip)
+        if grads_finite and self.optim_config.grad_clip > 0 and grads:
+            # clip_grad_norm_'s scaling, with the norm above: the norm is computed once a step.
+            clip = self.optim_config.grad_clip / (grad_norm + 1e-6)
+            torch._foreach_mul_(grads, torch.clamp(clip, max=1.0))
         stepped = self.precision.step(self.optimizer, grads_finite=grads_finite)
         self.step += 1
         if self.posthoc_ema is not None:  # every step, a skipped one too: t counts steps
@@ -251,8 +254,8 @@ class RankOptimizer:
             self._check_collapse()
         return grad_norm, stepped
 
-    def _grad_norm(self) -> torch.Tensor:
-        grads = [p.grad for p in self.raw_model.parameters() if p.grad is not None]
+    def _grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The gradients' total 2-norm, in fp32 whatever their dtype."""
         if not grads:
             return torch.zeros((), device=self.device)
         norms = torch._foreach_norm(grads)
