@@ -166,56 +166,28 @@ class EmaOptions:
 
     def __post_init__(self) -> None:
         if not self.run:
-            raise ConfigError(
-                section=self.section,
-                field="run",
-                value="",
-                reason="give --run RUN, the run folder to reconstruct from (or run: in --config)",
-            )
+            reason = "give --run RUN, the run folder to reconstruct from (or run: in --config)"
+            raise self._refused("run", "", reason)
         if not self.sigma_rel and not self.rate:
-            raise ConfigError(
-                section=self.section,
-                field="sigma_rel",
-                value="",
-                reason="give --sigma-rel LENGTHS (e.g. 0.05,0.10) or --rate RATES",
+            raise self._refused(
+                "sigma_rel", "", "give --sigma-rel LENGTHS (e.g. 0.05,0.10) or --rate RATES"
             )
         for value in self.sigma_rel:
             if not 0 < value < 0.3:
-                raise ConfigError(
-                    section=self.section,
-                    field="sigma_rel",
-                    value=value,
-                    reason="a length is a relative standard deviation in (0, 0.3)",
-                )
+                reason = "a length is a relative standard deviation in (0, 0.3)"
+                raise self._refused("sigma_rel", value, reason)
         for value in self.rate:
             if not 0 < value < 1:
-                raise ConfigError(
-                    section=self.section, field="rate", value=value, reason="must lie in (0, 1)"
-                )
-        if self.step < 0:
-            raise ConfigError(
-                section=self.section, field="step", value=self.step, reason="must be >= 0"
-            )
-        self._check_evaluation()
-
-    def _check_evaluation(self) -> None:
-        """The ``--evaluate`` options: in range, and given only with it. Whether the run's task
-        needs ``--num-samples`` and an evaluator is checked once its config is read."""
-        for name, low in (("num_samples", 0), ("num_images", 1), ("num_workers", 1), ("seed", 0)):
+                raise self._refused("rate", value, "must lie in (0, 1)")
+        # The --evaluate options: in range, and given only with it. Whether the run's task needs
+        # --num-samples and an evaluator is checked once its config is read.
+        lows = (("step", 0), ("num_samples", 0), ("num_images", 1), ("num_workers", 1), ("seed", 0))
+        for name, low in lows:
             if getattr(self, name) < low:
-                raise ConfigError(
-                    section=self.section,
-                    field=name,
-                    value=getattr(self, name),
-                    reason=f"must be >= {low}",
-                )
+                raise self._refused(name, getattr(self, name), f"must be >= {low}")
         if self.features and self.inception:
-            raise ConfigError(
-                section=self.section,
-                field="features",
-                value=self.features,
-                reason="measures in a classifier's features: drop --inception",
-            )
+            reason = "measures in a classifier's features: drop --inception"
+            raise self._refused("features", self.features, reason)
         given = [
             name
             for name, value in (
@@ -228,6 +200,9 @@ class EmaOptions:
         ]
         if given and not self.evaluate:
             raise UserInputError(f"{' / '.join(given)} apply to a sweep: add --evaluate")
+
+    def _refused(self, name: str, value: object, reason: str) -> ConfigError:
+        return ConfigError(section=self.section, field=name, value=value, reason=reason)
 
 
 @dataclass(frozen=True)

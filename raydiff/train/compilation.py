@@ -26,10 +26,15 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from raydiff.storage import StoragePath, is_local, write_bytes_atomically
+from raydiff.train.precision import autocast_model
+
+if TYPE_CHECKING:
+    from raydiff.train.rank_optimizer import RankOptimizer
 
 logger = logging.getLogger(__name__)
 
@@ -129,3 +134,70 @@ class CompileCache:
 def artifact_keys(info: torch.compiler.CacheInfo | None) -> dict[str, list[str]]:
     """The keys of the artefacts ``info`` names, by kind (sorted: comparable)."""
     return {kind: sorted(keys) for kind, keys in (info.artifacts if info else {}).items() if keys}
+
+
+class LoopCompilation:
+    """What a compiled run's loop does about compiling, one call per event (an eager run's
+    calls do nothing): the artefacts loaded before the first step (:meth:`in_use`), saved after
+    the first step, validation and preview (:meth:`after_step`, :meth:`model_for`), so that a
+    restart or a resume loads them instead of compiling again; the module evaluations call.
+
+    :param trainer: the rank's trainer: whether its step is compiled, its raw (uncompiled)
+        model, into which the loop swaps the evaluation weights, its resolved precision.
+    """
+
+    def __init__(self, trainer: RankOptimizer, *, run_dir: StoragePath, is_main: bool) -> None:
+        self.raw_model, self.device = trainer.raw_model, trainer.device
+        self.cache = CompileCache(run_dir, is_main=is_main) if trainer.compiled else None
+        self.precision = trainer.precision.precision
+        self.inference_model: torch.nn.Module | None = None  # made by the first evaluation
+        self.saved_after: set[str] = set()  # the events whose graphs the cache holds
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """The block that trains: inductor's folder in the run folder, the run's artefacts loaded
+        before it starts."""
+        if self.cache is None:
+            yield
+            return
+        with self.cache.inductor_folder():
+            self.cache.load()
+            yield
+
+    def after_step(self, *, step: int, seconds: float) -> None:
+        """After this process's first compiled step: how long it took, and save what it compiled."""
+        if self.cache is not None and "step" not in self.saved_after:
+            logger.info(
+                "step %d, this process's first, took %.1f s (compiling, or loading what the run "
+                "compiled before)",
+                step,
+                seconds,
+            )
+            self.save_after("step")
+
+    @contextlib.contextmanager
+    def model_for(self, what: str) -> Iterator[torch.nn.Module]:
+        """The module a ``"validation"`` or ``"preview"`` calls: the raw model, or with a compiled
+        step a compiled view of it, made once per run (its parameters are the raw model's: a
+        swap of weights compiles nothing new), whose previews also autocast the forward in the
+        step's precision, as ``raydiff sample --precision`` does (the sampler's own arithmetic
+        stays fp32; an eager run's previews stay fp32)."""
+        if self.cache is None:
+            yield self.raw_model
+            return
+        if self.inference_model is None:
+            self.inference_model = compile_static(self.raw_model)
+        model = self.inference_model
+        yield (
+            autocast_model(model, self.precision, device=self.device)
+            if what == "preview"
+            else model
+        )
+        self.save_after(what)
+
+    def save_after(self, what: str) -> None:
+        """After a compiled run's first ``what`` (step, preview, validation): what it compiled
+        joins the run's artefacts (the main rank saves them)."""
+        if self.cache is not None and what not in self.saved_after:
+            self.saved_after.add(what)
+            self.cache.save()

@@ -89,11 +89,6 @@ def tile(pixels: np.ndarray, *, columns: int | None = None, padding: int = 2) ->
     return grid
 
 
-def save_grid(images: torch.Tensor, path: Path, *, columns: int | None = None) -> Path:
-    """Write a PNG grid of ``images`` and return its path."""
-    return save_png(make_grid(images, columns=columns), path)
-
-
 def save_png(pixels: np.ndarray, path: Path) -> Path:
     """Write one uint8 ``[H, W, C]`` image (C = 1 or 3) as PNG and return its path."""
     mode = "L" if pixels.shape[-1] == 1 else "RGB"
