@@ -26,15 +26,12 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from raydiff.storage import StoragePath, is_local, write_bytes_atomically
-from raydiff.train.precision import autocast_model
-
-if TYPE_CHECKING:
-    from raydiff.train.rank_optimizer import RankOptimizer
+from raydiff.train.precision import PrecisionPolicy, autocast_model
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +133,15 @@ def artifact_keys(info: torch.compiler.CacheInfo | None) -> dict[str, list[str]]
     return {kind: sorted(keys) for kind, keys in (info.artifacts if info else {}).items() if keys}
 
 
+class CompiledTrainer(Protocol):
+    """What :class:`LoopCompilation` reads of a rank's trainer (``RankOptimizer``)."""
+
+    compiled: bool
+    raw_model: torch.nn.Module
+    device: torch.device
+    precision: PrecisionPolicy
+
+
 class LoopCompilation:
     """What a compiled run's loop does about compiling, one call per event (an eager run's
     calls do nothing): the artefacts loaded before the first step (:meth:`in_use`), saved after
@@ -146,7 +152,7 @@ class LoopCompilation:
         model, into which the loop swaps the evaluation weights, its resolved precision.
     """
 
-    def __init__(self, trainer: RankOptimizer, *, run_dir: StoragePath, is_main: bool) -> None:
+    def __init__(self, trainer: CompiledTrainer, *, run_dir: StoragePath, is_main: bool) -> None:
         self.raw_model, self.device = trainer.raw_model, trainer.device
         self.cache = CompileCache(run_dir, is_main=is_main) if trainer.compiled else None
         self.precision = trainer.precision.precision

@@ -125,8 +125,6 @@ class TrainingLoop:
             self.files.close()
         return self.last_report
 
-    # ------------------------------------------------------------------ build and restore
-
     def build(self) -> None:
         """The task and its trainer, continued from the runtime's checkpoint if it has one."""
         with self.runtime.resume_checkpoint() as resume:
@@ -173,8 +171,6 @@ class TrainingLoop:
                 held,
                 asked,
             )
-
-    # ------------------------------------------------------------------ one step
 
     def train_step(self) -> tuple[int, StepResult]:
         """The next batch, one optimiser step over it; returns the batch's epoch and the step."""
@@ -227,8 +223,6 @@ class TrainingLoop:
         if preempted is not None:
             logger.warning("step %d saved; waiting for the worker group's restart", step)
             self.runtime.await_preemption()
-
-    # ------------------------------------------------------------------ log, evaluate, preview
 
     def step_metrics(self, epoch: int, result: StepResult) -> dict[str, Any]:
         """Loss terms over every rank's samples since the last report (a collective; grad_norm
@@ -298,8 +292,6 @@ class TrainingLoop:
             self.files.write_preview(
                 images, step=self.optimizer.step, columns=self.task.preview_columns
             )
-
-    # ------------------------------------------------------------------ checkpoint
 
     def checkpoint(self, report: dict[str, Any]) -> functools.partial[dict[str, Any]]:
         """Check that all ranks hold the same weights (a collective), then the function that
