@@ -24,7 +24,7 @@ Modes (``--modes``):
   training scripts do; guided-diffusion's ``image_sample.py --use_fp16 True`` calls exactly this
   method before sampling), so this mode is what its ``UNetModel.convert_to_fp16`` allows.
 * raydiff-fp32 / raydiff-fp32-compile: ``generate`` as ``raydiff sample`` calls it on a GPU
-  actor, with the model as loaded or compiled by ``compile_for_sampling`` (``--compile``).
+  actor, with the model as loaded or compiled by ``compile_static`` (``--compile``).
 * raydiff-bf16 / raydiff-fp16 and their ``-compile`` variants: ``generate(precision=...)`` as
   ``raydiff sample --precision`` runs it: the model's forward pass under ``torch.autocast`` to
   that dtype (outputs cast back to fp32 for the sampler's arithmetic), the fp32 weights kept;
@@ -104,7 +104,7 @@ class Mode:
     fp16_weights: bool = False
     """The model's ``convert_to_fp16()`` applied (its torso's weights in half precision)."""
     compile: bool = False
-    """raydiff's ``compile_for_sampling``."""
+    """raydiff's ``compile_static``."""
 
 
 MODES = {
@@ -304,14 +304,14 @@ def raydiff_sampler(
 def mode_model(mode: Mode, models: dict[str, torch.nn.Module]) -> torch.nn.Module:
     """The model ``mode`` samples with, made from ``models`` (``ref``, ``raydiff``: the fp32
     ones, shared by the modes that do not change their weights)."""
-    from raydiff.train.compilation import compile_for_sampling
+    from raydiff.train.compilation import compile_static
 
     model = models[mode.side]
     if mode.fp16_weights:
         model = copy.deepcopy(model)
         model.convert_to_fp16()
     if mode.compile:
-        model = compile_for_sampling(model)
+        model = compile_static(model)
     return model
 
 

@@ -3,7 +3,8 @@
 A field made with :func:`flag` carries its flag and help in ``dataclasses.field(metadata=...)``;
 the command line (:mod:`raydiff.cli.arguments`) builds its ``argparse`` arguments from them, fills
 the dataclass from the parsed arguments, and names the flag when the field's value is refused.
-Each option is declared once, here on its field. Like :mod:`raydiff.errors`, this module imports
+Each option is declared once, here on its field; a command whose options include another
+command's (``raydiff ema --evaluate``: FID's and bits/dim's) takes them with :func:`included`. Like :mod:`raydiff.errors`, this module imports
 nothing else of raydiff, so any layer's options may use it.
 """
 
@@ -50,3 +51,23 @@ def flag(
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def included(options_type: type, field: str, *, context: str, **changes: Any) -> Any:
+    """The option ``field`` of another options dataclass, ``options_type``, as a field of this one:
+    its flag, type conversion, default and help, the help after ``context`` (when the option
+    applies here); ``changes`` replace any of :func:`flag`'s arguments (``name`` renames the
+    flag, ``default``, ``help``)."""
+    source = next(f for f in dataclasses.fields(options_type) if f.name == field)
+    meta = source.metadata
+    arguments = {
+        "name": meta["flag"],
+        "help": meta["help"],
+        "default": source.default,
+        "default_factory": source.default_factory,
+        "sets": meta["sets"],
+        "from_arg": meta["from_arg"],
+        "arg_default": meta["arg_default"],
+        **meta["argparse"],
+    } | changes
+    return flag(**{**arguments, "help": f"{context}: {arguments['help']}"})

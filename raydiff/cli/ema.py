@@ -1,7 +1,7 @@
 """``raydiff ema`` (``python jobs/ema.py``): EMA weights of any length from a run's post-hoc EMA
 snapshots, written into one of its checkpoints; with ``--evaluate``, a sweep that evaluates and
 ranks them (:mod:`raydiff.orchestrate.ema_sweep`). Its options are
-:class:`~raydiff.train.ema_reconstruction.EmaOptions`' flags."""
+:class:`~raydiff.ema.reconstruction.EmaOptions`' flags."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ HELP = "reconstruct EMA weights of any length from a run's post-hoc EMA snapshot
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of :class:`~raydiff.train.ema_reconstruction.EmaOptions`."""
-    from raydiff.train.ema_reconstruction import EmaOptions
+    """The flags of :class:`~raydiff.ema.reconstruction.EmaOptions`."""
+    from raydiff.ema.reconstruction import EmaOptions
 
     add_options(parser, EmaOptions)
 
@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Reconstruct, write, and say what each file is and how to use it; with ``--evaluate``,
     evaluate every length and print the table ranking them."""
-    from raydiff.train.ema_reconstruction import EmaOptions, reconstruct_ema
+    from raydiff.ema.reconstruction import EmaOptions, reconstruct_ema
 
     from_file = read_options_file(args.config, EmaOptions) if args.config else None
     options = options_from_args(EmaOptions, args, file_values=from_file)

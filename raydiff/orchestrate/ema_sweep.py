@@ -36,17 +36,17 @@ import numpy as np
 
 from raydiff.config import ExperimentConfig
 from raydiff.config.resolve import saved_config
-from raydiff.errors import ConfigError, RunInterruptedError, UserInputError
-from raydiff.evaluate.ema_sweep_report import SweepReport, SweepRow, write_sweep_report
-from raydiff.results_table import Ranking
-from raydiff.storage import StoragePath, as_location, write_bytes_atomically
-from raydiff.tracking import log_evaluation
-from raydiff.train.ema_reconstruction import (
+from raydiff.ema.reconstruction import (
     EmaOptions,
     Reconstructed,
     checkpoint_folder,
     reconstruct_ema,
 )
+from raydiff.errors import ConfigError, RunInterruptedError, UserInputError
+from raydiff.evaluate.ema_sweep_report import SweepReport, SweepRow, write_sweep_report
+from raydiff.results_table import Ranking
+from raydiff.storage import StoragePath, as_location, write_bytes_atomically
+from raydiff.tracking import log_evaluation
 from raydiff.train.posthoc_ema import rate_to_sigma_rel
 from raydiff.train.run_files import POSTHOC_DIR
 from raydiff.train.task import TaskSpec

@@ -171,12 +171,12 @@ class ModelActor:
         """The model the sampling loop calls: compiled once per actor where ``mode``
         (``--compile``) asks for it on this actor's device, else the model as loaded."""
         from raydiff.config import compile_wanted
-        from raydiff.train.compilation import compile_for_sampling
+        from raydiff.train.compilation import compile_static
 
         if not compile_wanted(mode, cuda=self.device.type == "cuda"):
             return self.model
         if self.compiled_model is None:
-            self.compiled_model = compile_for_sampling(self.model)
+            self.compiled_model = compile_static(self.model)
         return self.compiled_model
 
     def bpd(

@@ -3,7 +3,7 @@
 The step calls a compiled module (``train.compile``); checkpoints, EMA and the weight
 fingerprints use the uncompiled one, whose parameters are the same tensors: state-dict keys stay
 those of the module (no ``_orig_mod.`` prefix) and EMA tracks the trained weights. Validation
-and previews call the uncompiled module compiled for inference (:func:`compile_for_sampling`),
+and previews call the uncompiled module compiled for inference (:func:`compile_static`),
 into which the loop swaps the EMA weights.
 
 Compiling a UNet takes minutes, and an elastic resize, a preemption or a resume restarts every
@@ -26,10 +26,12 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from typing import Protocol
 
 import torch
 
 from raydiff.storage import StoragePath, local_path, write_bytes_atomically
+from raydiff.train.precision import PrecisionPolicy, autocast_model
 
 logger = logging.getLogger(__name__)
 
@@ -39,27 +41,22 @@ INDUCTOR_FOLDER = "inductor"
 INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def compile_for_step(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` (the module the step calls: the DDP wrapper on several workers) compiled for
-    the training step.
+def compile_static(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` compiled with every shape static (``dynamic=False``): one graph per shape,
+    instead of a slower dynamic-shape graph for all. Used for
 
-    DDP is wrapped first and compiled after, as PyTorch's DDP notes ask: dynamo then splits the
-    graph at DDP's gradient buckets (its DDPOptimizer), so the all-reduce of a bucket overlaps
-    the rest of the backward pass. ``dynamic=False``: every shape is static (the per-worker
-    microbatch, the image size, the timesteps and labels of a microbatch are fixed for a run),
-    so a run compiles once and a new shape (an elastic resize's batch) compiles once more,
-    instead of a slower dynamic-shape graph for all.
+    - the training step (``model``: the module the step calls, the DDP wrapper on several
+      workers). DDP is wrapped first and compiled after, as PyTorch's DDP notes ask: dynamo then
+      splits the graph at DDP's gradient buckets (its DDPOptimizer), so the all-reduce of a
+      bucket overlaps the rest of the backward pass. The per-worker microbatch, the image size,
+      the timesteps and labels of a microbatch are fixed for a run, so a run compiles once and
+      a new shape (an elastic resize's batch) compiles once more;
+    - inference: ``raydiff sample --compile``'s sampling loop, and a compiled run's validation
+      and previews. The fixed batches of ``raydiff.sample.generate.index_batches`` have one
+      size (the last may have another), so every batch of one size runs the same kernels
+      wherever it runs and a sample still depends on (seed, index) alone. The compiled module
+      calls ``model``'s parameters: the EMA weights the loop swaps into them compile nothing new.
     """
-    return torch.compile(model, dynamic=False)
-
-
-def compile_for_sampling(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` compiled for inference: ``raydiff sample --compile``'s sampling loop, and a
-    compiled run's validation and previews. ``dynamic=False``: one graph per batch shape (the
-    fixed batches of ``raydiff.sample.generate.index_batches`` have one size, the last may have
-    another), so every batch of one size runs the same kernels wherever it runs and a sample
-    still depends on (seed, index) alone. The compiled module calls ``model``'s parameters: the
-    EMA weights the loop swaps into them for an evaluation compile nothing new."""
     return torch.compile(model, dynamic=False)
 
 
@@ -135,3 +132,79 @@ class CompileCache:
 def artifact_keys(info: torch.compiler.CacheInfo | None) -> dict[str, list[str]]:
     """The keys of the artefacts ``info`` names, by kind (sorted: comparable)."""
     return {kind: sorted(keys) for kind, keys in (info.artifacts if info else {}).items() if keys}
+
+
+class CompiledTrainer(Protocol):
+    """What :class:`LoopCompilation` reads of a rank's trainer (``RankOptimizer``)."""
+
+    compiled: bool
+    raw_model: torch.nn.Module
+    device: torch.device
+    precision: PrecisionPolicy
+
+
+class LoopCompilation:
+    """What a compiled run's loop does about compiling, one call per event (an eager run's
+    calls do nothing): the artefacts loaded before the first step (:meth:`in_use`), saved after
+    the first step, validation and preview (:meth:`after_step`, :meth:`model_for`), so that a
+    restart or a resume loads them instead of compiling again; the module evaluations call.
+
+    :param trainer: the rank's trainer: whether its step is compiled, its raw (uncompiled)
+        model, into which the loop swaps the evaluation weights, its resolved precision.
+    """
+
+    def __init__(self, trainer: CompiledTrainer, *, run_dir: StoragePath, is_main: bool) -> None:
+        self.raw_model, self.device = trainer.raw_model, trainer.device
+        self.cache = CompileCache(run_dir, is_main=is_main) if trainer.compiled else None
+        self.precision = trainer.precision.precision
+        self.inference_model: torch.nn.Module | None = None  # made by the first evaluation
+        self.saved_after: set[str] = set()  # the events whose graphs the cache holds
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """The block that trains: inductor's folder in the run folder, the run's artefacts loaded
+        before it starts."""
+        if self.cache is None:
+            yield
+            return
+        with self.cache.inductor_folder():
+            self.cache.load()
+            yield
+
+    def after_step(self, *, step: int, seconds: float) -> None:
+        """After this process's first compiled step: how long it took, and save what it compiled."""
+        if self.cache is not None and "step" not in self.saved_after:
+            logger.info(
+                "step %d, this process's first, took %.1f s (compiling, or loading what the run "
+                "compiled before)",
+                step,
+                seconds,
+            )
+            self.save_after("step")
+
+    @contextlib.contextmanager
+    def model_for(self, what: str) -> Iterator[torch.nn.Module]:
+        """The module a ``"validation"`` or ``"preview"`` calls: the raw model, or with a compiled
+        step a compiled view of it, made once per run (its parameters are the raw model's: a
+        swap of weights compiles nothing new), whose previews also autocast the forward in the
+        step's precision, as ``raydiff sample --precision`` does (the sampler's own arithmetic
+        stays fp32; an eager run's previews stay fp32)."""
+        if self.cache is None:
+            yield self.raw_model
+            return
+        if self.inference_model is None:
+            self.inference_model = compile_static(self.raw_model)
+        model = self.inference_model
+        yield (
+            autocast_model(model, self.precision, device=self.device)
+            if what == "preview"
+            else model
+        )
+        self.save_after(what)
+
+    def save_after(self, what: str) -> None:
+        """After a compiled run's first ``what`` (step, preview, validation): what it compiled
+        joins the run's artefacts (the main rank saves them)."""
+        if self.cache is not None and what not in self.saved_after:
+            self.saved_after.add(what)
+            self.cache.save()

@@ -22,12 +22,10 @@ Files under ``output_dir`` (the main rank writes them, ``raydiff.train.run_files
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,13 +35,12 @@ from raydiff.seeding import derive_seed
 from raydiff.storage import StoragePath
 from raydiff.train.build import build_rank_optimizer
 from raydiff.train.checkpoint import load_checkpoint
-from raydiff.train.compilation import CompileCache, compile_for_sampling
+from raydiff.train.compilation import LoopCompilation
 from raydiff.train.data_position import DataPosition
 from raydiff.train.failure import note_step
 from raydiff.train.metric_accumulator import MetricAccumulator
-from raydiff.train.precision import autocast_model
 from raydiff.train.progress import format_eta, headline_fields
-from raydiff.train.rank_optimizer import RanksOutOfSyncError, StepResult
+from raydiff.train.rank_optimizer import StepResult
 from raydiff.train.run_files import RunFiles
 from raydiff.train.runtime import Runtime
 from raydiff.train.task import Batch, TaskFactory
@@ -119,7 +116,7 @@ class TrainingLoop:
             return {"step": self.optimizer.step}
         self.at_step = self.optimizer.step + 1
         self.start()
-        with self.compile_cache_in_use():
+        with self.compilation.in_use():
             while self.optimizer.step < self.train.max_steps:
                 self.at_step = self.optimizer.step + 1
                 epoch, result = self.train_step()
@@ -127,8 +124,6 @@ class TrainingLoop:
         if self.files is not None:
             self.files.close()
         return self.last_report
-
-    # ------------------------------------------------------------------ build and restore
 
     def build(self) -> None:
         """The task and its trainer, continued from the runtime's checkpoint if it has one."""
@@ -138,18 +133,16 @@ class TrainingLoop:
             self.config, runtime=self.runtime, make_task=self.make_task, fresh=state is None
         )
         self.raw_model = self.optimizer.raw_model
-        self.compiled_raw_model: torch.nn.Module | None = None  # made by the first evaluation
-        self.position = DataPosition()
-        if state is not None:
-            self.restore(state, source=resume)
-
-    def restore(self, state: dict[str, Any], *, source: Path | None) -> None:
-        """Weights, EMA, optimiser, scaler, sampler and step, then the data position."""
-        self.optimizer.restore(state)
-        self.position = DataPosition.from_state(
-            state["trainer"], global_batch=self.train.batch_size
+        self.compilation = LoopCompilation(
+            self.optimizer, run_dir=self.output_dir, is_main=self.runtime.is_main
         )
-        logger.info("resumed from %s at step %d", source, self.optimizer.step)
+        self.position = DataPosition()
+        if state is not None:  # weights, averages, optimiser, scaler, sampler, step; data position
+            self.optimizer.restore(state)
+            self.position = DataPosition.from_state(
+                state["trainer"], global_batch=self.train.batch_size
+            )
+            logger.info("resumed from %s at step %d", resume, self.optimizer.step)
 
     def start(self) -> None:
         """The data from the run's position, the main rank's files, the metric windows."""
@@ -179,53 +172,16 @@ class TrainingLoop:
                 asked,
             )
 
-    @contextlib.contextmanager
-    def compile_cache_in_use(self) -> Iterator[None]:
-        """With a compiled step: the run's compiled artefacts loaded before the first step, and
-        inductor's cache folder in the run folder while it trains (``CompileCache``)."""
-        self.compile_cache = None
-        self.saved_after: set[str] = set()  # the evaluations whose graphs the cache holds
-        if not self.optimizer.compiled:
-            yield
-            return
-        self.compile_cache = CompileCache(self.output_dir, is_main=self.runtime.is_main)
-        with self.compile_cache.inductor_folder():
-            self.compile_cache.load()
-            yield
-
-    def after_first_compiled_step(self, seconds: float) -> None:
-        """How long the compiling step took; the main rank saves what it compiled, so that a
-        restart or a resume loads it instead of compiling again."""
-        assert self.compile_cache is not None
-        logger.info(
-            "step %d, this process's first, took %.1f s (compiling, or loading what the run "
-            "compiled before)",
-            self.optimizer.step,
-            seconds,
-        )
-        self.save_compiled("step")
-
-    def save_compiled(self, what: str) -> None:
-        """After a compiled run's first ``what`` (step, preview, validation): what it compiled joins
-        the run's artefacts (the main rank saves them), so a restart loads those graphs too."""
-        if self.compile_cache is not None and what not in self.saved_after:
-            self.saved_after.add(what)
-            self.compile_cache.save()
-
-    # ------------------------------------------------------------------ one step
-
     def train_step(self) -> tuple[int, StepResult]:
         """The next batch, one optimiser step over it; returns the batch's epoch and the step."""
         self.window.begin()
         epoch, batch = next(self.batches)
         self.window.data_ready()
         self.position.advance(epoch)
-        first_compiled = self.optimizer.compiled and self.optimizer.step == self.start_step
         began = time.perf_counter()
         result = self.optimizer.optimize(batch)
         self.window.end()
-        if first_compiled:
-            self.after_first_compiled_step(time.perf_counter() - began)
+        self.compilation.after_step(step=self.optimizer.step, seconds=time.perf_counter() - began)
         self.metrics.add_step(result)
         if self.files is not None:
             # The objective this step optimised: importance-weighted, as the logged means.
@@ -267,8 +223,6 @@ class TrainingLoop:
         if preempted is not None:
             logger.warning("step %d saved; waiting for the worker group's restart", step)
             self.runtime.await_preemption()
-
-    # ------------------------------------------------------------------ log, evaluate, preview
 
     def step_metrics(self, epoch: int, result: StepResult) -> dict[str, Any]:
         """Loss terms over every rank's samples since the last report (a collective; grad_norm
@@ -313,13 +267,14 @@ class TrainingLoop:
         # A rank without rows still evaluates (its task's zero totals): every rank takes part
         # in the sum, with the same keys. In fp32 whatever train.precision: bits/dim and the
         # losses are precision-sensitive, and compare across runs only in one precision.
-        with torch.no_grad(), weights_swapped(self.raw_model, self.optimizer.eval_weights()):
+        with (
+            torch.no_grad(),
+            weights_swapped(self.raw_model, self.optimizer.eval_weights()),
+            self.compilation.model_for("validation") as model,
+        ):
             totals = self.task.evaluate(
-                self.evaluation_model(),
-                val,
-                seed=derive_seed(train.seed, "val-noise", runtime.rank),
+                model, val, seed=derive_seed(train.seed, "val-noise", runtime.rank)
             )
-        self.save_compiled("validation")
         totals = runtime.all_reduce_sum(totals)
         return self.task.evaluation_metrics(totals) if float(totals["count"]) > 0 else {}
 
@@ -327,74 +282,36 @@ class TrainingLoop:
         """The task's preview of the evaluation (EMA) weights, written by the main rank (no
         collective: any step may draw one)."""
         assert self.files is not None
-        with torch.no_grad(), weights_swapped(self.raw_model, self.optimizer.eval_weights()):
-            images = self.task.preview(
-                self.preview_model(), seed=derive_seed(self.train.seed, "sample-grid")
-            )
-        self.save_compiled("preview")
+        with (
+            torch.no_grad(),
+            weights_swapped(self.raw_model, self.optimizer.eval_weights()),
+            self.compilation.model_for("preview") as model,
+        ):
+            images = self.task.preview(model, seed=derive_seed(self.train.seed, "sample-grid"))
         if images is not None:
             self.files.write_preview(
                 images, step=self.optimizer.step, columns=self.task.preview_columns
             )
 
-    def evaluation_model(self) -> torch.nn.Module:
-        """The module validation and previews call, the evaluation weights swapped into the raw
-        model: with a compiled step a compiled view of the raw model, made once per run (its
-        parameters are the raw model's: a swap compiles nothing new); else the raw model."""
-        if not self.optimizer.compiled:
-            return self.raw_model
-        if self.compiled_raw_model is None:
-            self.compiled_raw_model = compile_for_sampling(self.raw_model)
-        return self.compiled_raw_model
-
-    def preview_model(self) -> torch.nn.Module:
-        """The module previews sample with: :meth:`evaluation_model`, whose forward a compiled
-        run also autocasts in its precision (``train.precision`` resolved), as ``raydiff sample
-        --precision`` does (the sampler's own arithmetic stays fp32). An eager run's previews
-        stay fp32, as they were."""
-        model = self.evaluation_model()
-        if not self.optimizer.compiled:
-            return model
-        return autocast_model(model, self.optimizer.precision.precision, device=self.runtime.device)
-
-    # ------------------------------------------------------------------ checkpoint
-
     def checkpoint(self, report: dict[str, Any]) -> functools.partial[dict[str, Any]]:
         """Check that all ranks hold the same weights (a collective), then the function that
         gives the checkpoint's contents (the runtime calls it on the main rank only); ``report``:
         the metrics reported with it, kept in the checkpoint."""
-        return functools.partial(self.checkpoint_files, self.rank_fingerprints(), dict(report))
-
-    def rank_fingerprints(self) -> list[list[float]]:
-        """Every rank's :meth:`RankOptimizer.weight_fingerprint` (a collective: all ranks call it);
-        ranks that differ stop the run, which then restarts from its last checkpoint."""
-        runtime = self.runtime
-        table = torch.zeros(runtime.world_size, 2, dtype=torch.float64)
-        table[runtime.rank] = self.optimizer.weight_fingerprint()
-        table = runtime.all_reduce_sum({"weights": table})["weights"].reshape(-1, 2)
-        if not torch.equal(table, table[:1].expand_as(table)):
-            raise RanksOutOfSyncError(
-                f"at step {self.optimizer.step} the data-parallel ranks hold different weights "
-                f"(sum, sum of squares per rank: {table.tolist()}); the run restarts from its "
-                "last checkpoint, whose weights every rank loads"
-            )
-        return table.tolist()
+        fingerprints = self.optimizer.rank_fingerprints(self.runtime.all_reduce_sum)
+        return functools.partial(self.checkpoint_files, fingerprints, dict(report))
 
     def checkpoint_files(
         self, fingerprints: list[list[float]], report: dict[str, Any]
     ) -> dict[str, Any]:
         """What a checkpoint holds (main rank; a loss-history actor is read here)."""
-        trainer = self.optimizer
-        trainer_state = trainer.state_dict()
-        trainer_state.update(self.position.state(global_batch=self.train.batch_size))
+        state = self.optimizer.checkpoint()
+        state["trainer"].update(self.position.state(global_batch=self.train.batch_size))
         # Evidence that every rank held these weights: one fingerprint per rank, all equal.
-        trainer_state["rank_weight_fingerprints"] = fingerprints
+        state["trainer"]["rank_weight_fingerprints"] = fingerprints
         return {
-            "model_state": self.raw_model.state_dict(),
-            "ema_states": {
-                r: trainer.ema.state_dict_for(r, self.raw_model) for r in trainer.ema.rates
-            },
-            "trainer_state": trainer_state,
+            "model_state": state["model"],
+            "ema_states": state["ema"],
+            "trainer_state": state["trainer"],
             "config": to_dict(self.config),
             "metrics": report,
         }

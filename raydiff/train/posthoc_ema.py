@@ -17,12 +17,15 @@ ratios of times enter the math).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+
+logger = logging.getLogger(__name__)
 
 _GOLDEN = (1 + math.sqrt(5)) / 2
 SIGMA_REL_MAX = _GOLDEN**-2.5
@@ -295,6 +298,10 @@ class PowerFunctionEMA:
         if len(set(keys)) != len(keys):
             raise ValueError(f"sigma_rels {list(sigma_rels)} repeat a value: give each once")
         self.sigma_rels = tuple(float(sigma_rel) for sigma_rel in sigma_rels)
+        self._start(module)
+
+    def _start(self, module: torch.nn.Module) -> None:
+        """Every profile starts as ``module``'s weights, before the first step."""
         self.step = 0
         self.parameter_names = [name for name, _ in module.named_parameters()]
         saved = module.state_dict().keys()
@@ -307,12 +314,16 @@ class PowerFunctionEMA:
         kept = set(self.parameter_names) | set(self.buffers)
         self._order = [name for name in saved if name in kept]
         current = [p.detach() for p in module.parameters()]
-        self.profiles = {key: [p.to(torch.float32, copy=True) for p in current] for key in keys}
+        self.profiles = {
+            profile_key(sigma_rel): [p.to(torch.float32, copy=True) for p in current]
+            for sigma_rel in self.sigma_rels
+        }
 
     @torch.no_grad()
-    def update(self, module: torch.nn.Module, *, step: int) -> None:
+    def update(self, module: torch.nn.Module, *, step: int, stepped: bool = True) -> None:
         """Fold the weights after training step ``step`` (the step just taken; the first is 1)
-        into every profile: avg <- avg + (1 - beta) (theta - avg) (eq. 127, dt = 1 step)."""
+        into every profile: avg <- avg + (1 - beta) (theta - avg) (eq. 127, dt = 1 step). A
+        skipped step (``stepped`` false) too: t counts steps."""
         if step <= self.step:
             raise ValueError(
                 f"step {step} is invalid: each update follows a new step, after step {self.step}"
@@ -363,6 +374,27 @@ class PowerFunctionEMA:
         for name, buffer in self.buffers.items():
             buffer.copy_(_same_shape(name, state["buffers"][name], buffer))
         self.step = int(state["step"])
+
+    def saved(self, module: torch.nn.Module) -> dict[str, dict[Any, Any]]:
+        """Its state in ``trainer.pt`` (its snapshots are written apart, under ``posthoc_ema/``)."""
+        return {"trainer": {"posthoc_ema": self.state_dict()}}
+
+    def restore(self, checkpoint: dict[str, Any], module: torch.nn.Module) -> None:
+        """The profiles as the checkpoint left them; a checkpoint without them (tracking turned
+        on since) starts them from ``module``'s restored weights at its step."""
+        saved = checkpoint["trainer"].get("posthoc_ema")
+        if saved is not None:
+            self.load_state_dict(saved)
+            return
+        logger.warning(
+            "the checkpoint has no post-hoc EMA profiles: tracking starts from its weights at "
+            "step %d (snapshots before it cannot be reconstructed)",
+            int(checkpoint["trainer"]["step"]),
+        )
+        self._start(module)
+
+    def evaluation_weights(self, module: torch.nn.Module) -> None:
+        return None  # a run evaluates with its fixed-rate EMA; profiles are reconstructed from
 
     def snapshot(self, *, dtype: torch.dtype = torch.float16) -> dict[str, dict[str, torch.Tensor]]:
         """{profile_key(sigma_rel): the module's state dict with that average}, on the CPU, the

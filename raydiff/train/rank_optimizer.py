@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +20,8 @@ from raydiff.config import OptimConfig, TrainConfig
 from raydiff.core.keyed_noise import RowNoise, row_keys
 from raydiff.core.timestep_sampler import LossSync, ScheduleSampler
 from raydiff.seeding import derive_seed
-from raydiff.train.compilation import compile_for_step
-from raydiff.train.ema import EMA
+from raydiff.train.compilation import compile_static
+from raydiff.train.ema import EMA, Averager
 from raydiff.train.optimizer import build_optimizer
 from raydiff.train.posthoc_ema import PowerFunctionEMA
 from raydiff.train.precision import PrecisionPolicy
@@ -91,7 +92,7 @@ class RankOptimizer:
     ) -> None:
         self.raw_model = raw_model if raw_model is not None else model
         self.compiled = compile_step
-        self.model = compile_for_step(model) if compile_step else model
+        self.model = compile_static(model) if compile_step else model
         self.losses = losses
         self.sampler = sampler
         self.optim_config = optim
@@ -119,6 +120,8 @@ class RankOptimizer:
             if sigma_rels and rank == 0
             else None
         )
+        # Every average, updated, saved and restored alike (raydiff.train.ema.Averager).
+        self.averagers: list[Averager] = [self.ema, *filter(None, [self.posthoc_ema])]
         self.step = 0  # optimiser steps taken (skipped ones included)
         self.skipped_steps = 0
         self.consecutive_skipped = 0
@@ -228,16 +231,18 @@ class RankOptimizer:
         """Unscale, clip and step (or skip a step with non-finite gradients); EMA after a step.
         Returns the gradient norm and whether the optimiser stepped."""
         self.precision.unscale_(self.optimizer)
-        grad_norm = self._grad_norm()
+        grads = [p.grad for p in self.raw_model.parameters() if p.grad is not None]
+        grad_norm = self._grad_norm(grads)
         grads_finite = bool(torch.isfinite(grad_norm))
-        if grads_finite and self.optim_config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.optim_config.grad_clip)
+        if grads_finite and self.optim_config.grad_clip > 0 and grads:
+            # clip_grad_norm_'s scaling, with the norm above: the norm is computed once a step.
+            clip = self.optim_config.grad_clip / (grad_norm + 1e-6)
+            torch._foreach_mul_(grads, torch.clamp(clip, max=1.0))
         stepped = self.precision.step(self.optimizer, grads_finite=grads_finite)
         self.step += 1
-        if self.posthoc_ema is not None:  # every step, a skipped one too: t counts steps
-            self.posthoc_ema.update(self.raw_model, step=self.step)
+        for averager in self.averagers:
+            averager.update(self.raw_model, step=self.step, stepped=stepped)
         if stepped:
-            self.ema.update(self.raw_model)
             self.consecutive_skipped = 0
         else:
             self.skipped_steps += 1
@@ -251,8 +256,8 @@ class RankOptimizer:
             self._check_collapse()
         return grad_norm, stepped
 
-    def _grad_norm(self) -> torch.Tensor:
-        grads = [p.grad for p in self.raw_model.parameters() if p.grad is not None]
+    def _grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The gradients' total 2-norm, in fp32 whatever their dtype."""
         if not grads:
             return torch.zeros((), device=self.device)
         norms = torch._foreach_norm(grads)
@@ -276,58 +281,65 @@ class RankOptimizer:
                 "overflows. Use precision=bf16 or fp32, lower optim.lr, or set optim.grad_clip."
             )
 
-    def weight_fingerprint(self) -> torch.Tensor:
-        """``[sum(w), sum(w^2)]`` over the model's parameters, float64 on the CPU.
-
-        Data-parallel ranks apply the same all-reduced gradients to the same weights, so their
-        fingerprints are bitwise equal; any difference means the ranks diverged.
-        """
+    def rank_fingerprints(
+        self, all_reduce_sum: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+    ) -> list[list[float]]:
+        """With ``Runtime.all_reduce_sum``: every rank's ``[sum(w), sum(w^2)]`` over the model's parameters (float64; a
+        collective: all ranks call it). Data-parallel ranks apply the same all-reduced gradients
+        to the same weights, so their fingerprints are bitwise equal; ranks that differ diverged
+        and stop the run, which then restarts from its last checkpoint."""
         with torch.no_grad():
             params = [p.detach().double() for p in self.raw_model.parameters()]
             total = torch.stack([p.sum() for p in params]).sum()
             squares = torch.stack([(p * p).sum() for p in params]).sum()
-        return torch.stack([total, squares]).cpu()
+        table = torch.zeros(self.world_size, 2, dtype=torch.float64)
+        table[self.rank] = torch.stack([total, squares]).cpu()
+        table = all_reduce_sum({"weights": table})["weights"].reshape(-1, 2)
+        if not torch.equal(table, table[:1].expand_as(table)):
+            raise RanksOutOfSyncError(
+                f"at step {self.step} the data-parallel ranks hold different weights "
+                f"(sum, sum of squares per rank: {table.tolist()}); the run restarts from its "
+                "last checkpoint, whose weights every rank loads"
+            )
+        return table.tolist()
 
     def eval_weights(self) -> dict[str, torch.Tensor]:
-        """Weights for validation and samples: the first EMA rate's, or the model's without EMA."""
-        if not self.ema.rates:
-            return {k: v.detach().clone() for k, v in self.raw_model.state_dict().items()}
-        return self.ema.state_dict_for(self.ema.rates[0], self.raw_model)
+        """Weights for validation and samples: the first averager's that gives some (the first
+        EMA rate's), or the model's."""
+        for averager in self.averagers:
+            weights = averager.evaluation_weights(self.raw_model)
+            if weights is not None:
+                return weights
+        return {k: v.detach().clone() for k, v in self.raw_model.state_dict().items()}
 
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything but the model and EMA weights (those are saved as model state dicts)."""
+        """Everything but the model and the averages (those are :meth:`checkpoint`'s)."""
         return {
             "step": self.step,
             "skipped_steps": self.skipped_steps,
             "optimizer": self.optimizer.state_dict(),
             "precision": self.precision.state_dict(),
             "sampler": self.sampler.state_dict(),
-            **(
-                {"posthoc_ema": self.posthoc_ema.state_dict()}
-                if self.posthoc_ema is not None
-                else {}
-            ),
         }
+
+    def checkpoint(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this trainer, keyed as :meth:`restore` takes it back:
+        ``model`` (weights), ``ema`` (``ema_<rate>`` weights), ``trainer`` (``trainer.pt``)."""
+        state: dict[str, Any] = {"model": self.raw_model.state_dict(), "ema": {}}
+        state["trainer"] = self.state_dict()
+        for averager in self.averagers:
+            for key, part in averager.saved(self.raw_model).items():
+                state[key].update(part)
+        return state
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         """Continue from a loaded checkpoint (``raydiff.train.checkpoint.load_checkpoint``):
-        model weights, every EMA rate, optimiser, scaler, sampler and step.
-
-        An EMA rate the checkpoint lacks (one added to ``optim.ema_rate`` since) starts from the
-        restored weights, not from the weights this trainer was built with.
-        """
+        model weights, every average, optimiser, scaler, sampler and step."""
         self.raw_model.load_state_dict(checkpoint["model"])
-        for rate in self.ema.rates:
-            if rate in checkpoint["ema"]:
-                self.ema.load_state_dict_for(rate, checkpoint["ema"][rate])
-            else:
-                logger.warning(
-                    "the checkpoint has no EMA at rate %s: starting it from the restored weights",
-                    rate,
-                )
-                self.ema.load_state_dict_for(rate, checkpoint["model"])
+        for averager in self.averagers:
+            averager.restore(checkpoint, self.raw_model)
         self.load_state_dict(checkpoint["trainer"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -336,22 +348,3 @@ class RankOptimizer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.precision.load_state_dict(state["precision"])
         self.sampler.load_state_dict(state["sampler"])
-        if self.posthoc_ema is not None:
-            self._restore_posthoc_ema(state)
-
-    def _restore_posthoc_ema(self, state: dict[str, Any]) -> None:
-        """The profiles as the checkpoint left them; a checkpoint without them (tracking turned
-        on since) starts them from the restored weights at its step."""
-        assert self.posthoc_ema is not None
-        saved = state.get("posthoc_ema")
-        if saved is None:
-            logger.warning(
-                "the checkpoint has no post-hoc EMA profiles: tracking starts from its weights "
-                "at step %d (snapshots before it cannot be reconstructed)",
-                self.step,
-            )
-            self.posthoc_ema = PowerFunctionEMA(
-                self.raw_model, sigma_rels=self.optim_config.posthoc_sigma_rels()
-            )
-            return
-        self.posthoc_ema.load_state_dict(saved)

@@ -28,7 +28,7 @@ from raydiff.config import DiffusionConfig
 from raydiff.factory import create_gaussian_diffusion
 from raydiff.sample.generate import generate
 from raydiff.train.checkpoint import load_checkpoint, read_metrics
-from raydiff.train.compilation import compile_for_sampling
+from raydiff.train.compilation import compile_static
 
 REPO = Path(__file__).resolve().parents[2]
 FIRST_STEP = re.compile(r"step (\d+), this process's first, took ([0-9.]+) s")
@@ -128,7 +128,7 @@ def test_an_inductor_compiled_sampler_draws_the_eager_samples() -> None:
         )
 
     try:
-        got, want = run(compile_for_sampling(model)), run(model)
+        got, want = run(compile_static(model)), run(model)
     finally:
         torch.compiler.reset()
     difference = np.abs(got.astype(int) - want.astype(int))

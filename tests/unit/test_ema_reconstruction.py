@@ -11,8 +11,8 @@ from tiny_model import tiny_model
 
 from raydiff.cli import main
 from raydiff.config import ExperimentConfig, apply_overrides
+from raydiff.ema.reconstruction import EmaOptions, parse_lengths, reconstruct_ema
 from raydiff.errors import ConfigError, UserInputError
-from raydiff.train.ema_reconstruction import EmaOptions, parse_lengths, reconstruct_ema
 from raydiff.train.local import LocalRuntime
 from raydiff.train.loop import run_loop
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import re
 from pathlib import Path
 
 import pytest
 
+from raydiff.ema.reconstruction import EmaOptions
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.evaluate.ema_sweep_report import (
     SweepRow,
@@ -18,7 +20,6 @@ from raydiff.evaluate.ema_sweep_report import (
     write_sweep_report,
 )
 from raydiff.results_table import Ranking
-from raydiff.train.ema_reconstruction import EmaOptions
 from raydiff.train.tasks import task_specs
 
 pytestmark = pytest.mark.unit
@@ -113,6 +114,23 @@ def test_evaluation_options_out_of_range_are_refused(given: dict, field: str) ->
 def test_sweep_flags_without_evaluate_are_refused() -> None:
     with pytest.raises(UserInputError, match="--features / --num-samples apply to a sweep"):
         EmaOptions(run="r", sigma_rel=(0.05,), features="c", num_samples=4)
+
+
+def test_the_evaluate_options_are_the_evaluation_commands_own() -> None:
+    """``--evaluate``'s options are ``raydiff evaluate fid``'s, ``evaluate bpd``'s and
+    ``sample``'s (``flags.included``): their flags and help, with the sweep's defaults."""
+    from raydiff.cli.app import build_parser
+    from raydiff.evaluate.options import BpdOptions, FidOptions
+
+    args = build_parser().parse_args(["ema", "--run", "r", "--sigma-rel", "0.05"])
+    names = "num_images num_workers timestep_respacing use_ddim bpd_respacing seed num_samples"
+    assert [getattr(args, n) for n in names.split()] == [64, 1, "ddim25", True, "", 0, 0]
+    ema = {f.name: f.metadata for f in dataclasses.fields(EmaOptions)}
+    fid = {f.name: f.metadata for f in dataclasses.fields(FidOptions)}
+    bpd = {f.name: f.metadata for f in dataclasses.fields(BpdOptions)}
+    assert ema["features"]["help"].endswith(fid["features"]["help"])
+    assert ema["bpd_respacing"]["flag"] == "--bpd-respacing"
+    assert ema["bpd_respacing"]["help"].endswith(bpd["timestep_respacing"]["help"])
 
 
 def ema_options(tmp_path: Path, text: str, *argv: str) -> EmaOptions:

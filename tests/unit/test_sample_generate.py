@@ -18,7 +18,7 @@ from raydiff.sample.generate import (
     to_uint8,
 )
 from raydiff.sample.outputs import npz_name, write_grid, write_npz, write_pngs
-from raydiff.train.compilation import compile_for_sampling
+from raydiff.train.compilation import compile_static
 
 pytestmark = pytest.mark.unit
 
@@ -126,7 +126,7 @@ def test_a_compiled_model_draws_the_eager_samples_and_compiles_once_per_batch_si
     diffusion = create_gaussian_diffusion(
         DiffusionConfig(diffusion_steps=100, timestep_respacing="5")
     )
-    compiled = compile_for_sampling(model)
+    compiled = compile_static(model)
 
     def run(net, indices):
         return generate(net, diffusion, indices=indices, image_shape=(1, 8, 8), seed=3)

@@ -23,7 +23,9 @@ import numpy as np
 import torch
 
 from raydiff.errors import ConfigError, UserInputError
-from raydiff.flags import flag
+from raydiff.evaluate.options import BpdOptions, FidOptions
+from raydiff.flags import flag, included
+from raydiff.sample.options import SampleOptions
 from raydiff.storage import StoragePath, as_location, write_bytes_atomically
 from raydiff.train.checkpoint import checkpoint_name, latest_checkpoint
 from raydiff.train.posthoc_ema import (
@@ -39,6 +41,9 @@ from raydiff.train.run_files import POSTHOC_DIR
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_PATTERN = re.compile(r"^snapshot_(\d+)\.pt$")
+
+DIFFUSION = "--evaluate, diffusion models"
+"""When the sampling and FD options apply (a classifier's sweep runs its validation)."""
 
 SIGMA_REL_GRID = np.round(np.arange(0.005, 0.2951, 0.005), 3)
 """The lengths a refusal checks to say which ones the snapshots do represent."""
@@ -103,48 +108,54 @@ class EmaOptions:
         help="then evaluate every length and the checkpoint's fixed-rate EMAs on Ray actors, and "
         "write a table, CSV and plot ranking them (see docs/posthoc_ema.md)",
     )
-    features: str | None = flag(
-        "--features",
-        default=None,
-        help="--evaluate, diffusion models: measure FD, precision and recall in the features of "
-        "this clean classifier checkpoint (e.g. of evaluator_demo) instead of Inception's",
+    # What --evaluate measures: raydiff sample's samples, raydiff evaluate fid's FD in an
+    # evaluator's features, raydiff evaluate bpd's bits/dim; their options, included.
+    features: str | None = included(FidOptions, "features", context=DIFFUSION)
+    inception: str | None = included(
+        FidOptions,
+        "inception",
+        context=DIFFUSION,
+        help="or the FID Inception weights file (one of --features / --inception is needed)",
     )
-    inception: str | None = flag(
-        "--inception",
-        default=None,
-        help="--evaluate, diffusion models: or the FID Inception weights file (one of --features "
-        "/ --inception is needed)",
-    )
-    num_samples: int = flag(
-        "--num-samples",
+    num_samples: int = included(
+        SampleOptions,
+        "num_samples",
+        context=DIFFUSION,
         default=0,
-        help="--evaluate, diffusion models: samples per weights (the same seed for every one)",
+        help="samples per weights (the same seed for every one)",
     )
-    num_images: int = flag(
-        "--num-images",
+    num_images: int = included(
+        BpdOptions,
+        "num_images",
+        context="--evaluate",
         default=64,
-        help="--evaluate: the val images of each weights' bits/dim or accuracy (default: "
-        "%(default)s)",
+        help="the val images of each weights' bits/dim or accuracy (default: %(default)s)",
     )
-    num_workers: int = flag(
-        "--num-workers", default=1, help="--evaluate: Ray actors (default: %(default)s)"
+    num_workers: int = included(
+        BpdOptions, "num_workers", context="--evaluate", help="Ray actors (default: %(default)s)"
     )
-    timestep_respacing: str = flag(
-        "--timestep-respacing",
+    timestep_respacing: str = included(
+        SampleOptions,
+        "timestep_respacing",
+        context="--evaluate",
         default="ddim25",
-        help="--evaluate: the sampling steps, e.g. 'ddim25', '250' (default: %(default)s)",
+        help="the sampling steps, e.g. 'ddim25', '250' (default: %(default)s)",
     )
-    use_ddim: bool = flag(
-        "--use-ddim", default=True, help="--evaluate: DDIM sampling (default: on)"
+    use_ddim: bool = included(
+        SampleOptions,
+        "use_ddim",
+        context="--evaluate",
+        default=True,
+        help="DDIM instead of ancestral sampling (default: on)",
     )
-    bpd_respacing: str = flag(
-        "--bpd-respacing",
-        default="",
-        help="--evaluate: the bits/dim of a respaced chain, e.g. '100' (cheaper, looser; "
-        "default: all of the model's steps)",
+    bpd_respacing: str = included(
+        BpdOptions, "timestep_respacing", context="--evaluate", name="--bpd-respacing"
     )
-    seed: int = flag(
-        "--seed", default=0, help="--evaluate: the seed of every weights' samples and noise"
+    seed: int = included(
+        BpdOptions,
+        "seed",
+        context="--evaluate",
+        help="the seed of every weights' samples and noise",
     )
     out: str | None = flag(
         "--out",
@@ -155,56 +166,28 @@ class EmaOptions:
 
     def __post_init__(self) -> None:
         if not self.run:
-            raise ConfigError(
-                section=self.section,
-                field="run",
-                value="",
-                reason="give --run RUN, the run folder to reconstruct from (or run: in --config)",
-            )
+            reason = "give --run RUN, the run folder to reconstruct from (or run: in --config)"
+            raise self._refused("run", "", reason)
         if not self.sigma_rel and not self.rate:
-            raise ConfigError(
-                section=self.section,
-                field="sigma_rel",
-                value="",
-                reason="give --sigma-rel LENGTHS (e.g. 0.05,0.10) or --rate RATES",
+            raise self._refused(
+                "sigma_rel", "", "give --sigma-rel LENGTHS (e.g. 0.05,0.10) or --rate RATES"
             )
         for value in self.sigma_rel:
             if not 0 < value < 0.3:
-                raise ConfigError(
-                    section=self.section,
-                    field="sigma_rel",
-                    value=value,
-                    reason="a length is a relative standard deviation in (0, 0.3)",
-                )
+                reason = "a length is a relative standard deviation in (0, 0.3)"
+                raise self._refused("sigma_rel", value, reason)
         for value in self.rate:
             if not 0 < value < 1:
-                raise ConfigError(
-                    section=self.section, field="rate", value=value, reason="must lie in (0, 1)"
-                )
-        if self.step < 0:
-            raise ConfigError(
-                section=self.section, field="step", value=self.step, reason="must be >= 0"
-            )
-        self._check_evaluation()
-
-    def _check_evaluation(self) -> None:
-        """The ``--evaluate`` options: in range, and given only with it. Whether the run's task
-        needs ``--num-samples`` and an evaluator is checked once its config is read."""
-        for name, low in (("num_samples", 0), ("num_images", 1), ("num_workers", 1), ("seed", 0)):
+                raise self._refused("rate", value, "must lie in (0, 1)")
+        # The --evaluate options: in range, and given only with it. Whether the run's task needs
+        # --num-samples and an evaluator is checked once its config is read.
+        lows = (("step", 0), ("num_samples", 0), ("num_images", 1), ("num_workers", 1), ("seed", 0))
+        for name, low in lows:
             if getattr(self, name) < low:
-                raise ConfigError(
-                    section=self.section,
-                    field=name,
-                    value=getattr(self, name),
-                    reason=f"must be >= {low}",
-                )
+                raise self._refused(name, getattr(self, name), f"must be >= {low}")
         if self.features and self.inception:
-            raise ConfigError(
-                section=self.section,
-                field="features",
-                value=self.features,
-                reason="measures in a classifier's features: drop --inception",
-            )
+            reason = "measures in a classifier's features: drop --inception"
+            raise self._refused("features", self.features, reason)
         given = [
             name
             for name, value in (
@@ -217,6 +200,9 @@ class EmaOptions:
         ]
         if given and not self.evaluate:
             raise UserInputError(f"{' / '.join(given)} apply to a sweep: add --evaluate")
+
+    def _refused(self, name: str, value: object, reason: str) -> ConfigError:
+        return ConfigError(section=self.section, field=name, value=value, reason=reason)
 
 
 @dataclass(frozen=True)
