@@ -20,7 +20,8 @@ sweep:
 # no test (e.g. PYTEST_ARGS=-k that matches only in another tier): that tier counts as passed,
 # but a run where no tier selected anything fails with 5 (a mistyped -k must not pass), and under
 # CI (CI set, as .ci/run does) with no PYTEST_ARGS every tier must select tests. Under CI a tier
-# whose tests all skipped fails as well, and so does any skip in the slow tier (tests/conftest.py).
+# whose tests all skipped fails as well, and so does any skip in the slow tier, and so does a tier
+# over its wall-time budget (tests/conftest.py, TIER_BUDGETS_S; docs/testing.md#time-budgets).
 # The unit tier runs on every core (pytest-xdist); the learning tier trains in one process without
 # Ray; the integration and slow tiers share one Ray cluster and run in one process. Each tier lists its 25 slowest tests: where CI's time goes. `make coverage` is
 # `make test` that also collects raydiff's line coverage over the tiers together (pytest-cov, the

@@ -13,12 +13,18 @@ another tier, is an error (its skip reasons are "the dataset is not installed" o
 binary is not installed", which CI must fix, not hide), and a run whose every selected test
 skipped fails.
 Locally skipping stays allowed.
+
+Under CI each tier of ``make test`` also has a wall-time budget (``TIER_BUDGETS_S``, from pytest's
+start to its end, selected with ``-m TIER``): a tier over its budget fails, naming itself and its
+slowest tests, so that CI stays under 12 minutes and growth is a decision (docs/testing.md).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -38,6 +44,11 @@ _OWN_TIERS = {"test_elastic.py": "elastic"}
 _OWN_CLUSTERS = ("test_faults.py", "test_job_submit.py")
 # Markers whose skips are errors under CI: what set-up installs (scripts/setup.sh) must be there.
 _REQUIRED_UNDER_CI = ("slow", "dataset", "prometheus")
+# Each tier's wall time under CI, in seconds: about 25% over its time on the 2-core CI machine
+# with no other load, and with set-up (about 70 s) 12 minutes in all (docs/testing.md).
+TIER_BUDGETS_S = {"unit": 50, "learning": 45, "integration": 420, "slow": 110}
+# How many of an over-budget tier's slowest tests its failure names.
+_SLOWEST_NAMED = 10
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -87,10 +98,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
 
 
 class _Outcomes:
-    """Counts of the tests that ran and the ones that skipped, for the CI rule above."""
+    """Counts of the tests that ran and the ones that skipped, for the CI rule above; when the
+    session started, and each test's time (setup, call and teardown), for the tier budgets."""
 
     ran = 0
     skipped = 0
+    started = 0.0
+    seconds: ClassVar[dict[str, float]] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _Outcomes.started = time.monotonic()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -98,15 +116,38 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _Outcomes.ran += 1
     elif report.skipped and not hasattr(report, "wasxfail"):
         _Outcomes.skipped += 1
+    _Outcomes.seconds[report.nodeid] = _Outcomes.seconds.get(report.nodeid, 0.0) + report.duration
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(session.config, "workerinput"):
         return  # a pytest-xdist worker: the controller sees every report and decides
-    if under_ci() and _Outcomes.skipped and not _Outcomes.ran and exitstatus == 0:
-        session.config.get_terminal_writer().line(
+    if not under_ci():
+        return
+    write = session.config.get_terminal_writer().line
+    if _Outcomes.skipped and not _Outcomes.ran and exitstatus == 0:
+        write(
             f"CI: all {_Outcomes.skipped} selected tests skipped; a tier that runs nothing fails "
             "under CI (unset CI to allow it locally)",
             red=True,
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    over = _over_budget(session.config.getoption("markexpr"))
+    if over:
+        write(over, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _over_budget(tier: str) -> str:
+    """The failure of a tier (``-m TIER``) that took longer than its budget; '' within it."""
+    budget = TIER_BUDGETS_S.get(tier)
+    took = time.monotonic() - _Outcomes.started
+    if budget is None or took <= budget:
+        return ""
+    slowest = sorted(_Outcomes.seconds.items(), key=lambda item: -item[1])[:_SLOWEST_NAMED]
+    named = "".join(f"\n  {seconds:6.1f} s  {nodeid}" for nodeid, seconds in slowest)
+    return (
+        f"CI: the {tier} tier took {took:.0f} s, over its budget of {budget} s "
+        f"(TIER_BUDGETS_S in tests/conftest.py, docs/testing.md): make it faster, or raise its "
+        f"budget knowing that CI must stay under 12 minutes. Its slowest tests:{named}"
+    )

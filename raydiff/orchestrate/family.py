@@ -48,6 +48,8 @@ PROGRESS_SECONDS = 60.0
 """How often the console gets each running stage's last log line."""
 STOP_SECONDS = 120.0
 """How long a stopped stage may take to leave before it is killed."""
+POLL_SECONDS = 0.5
+"""How often the running stages are looked at."""
 
 ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 RAYLET = "(raylet)"
@@ -117,14 +119,14 @@ def run_family(how: FamilyLoad, *, output: str, address: str | None) -> Path:
     ensure_ray(address=address, num_workers=math.ceil(cpus), cpus_per_worker=1.0)
     tracked = start_family_tracking(family, out=out)
     stages = _stage_runs(family, out=out, address=_address_for_stages(address))
-    _run_stages(stages, out=out)
+    run_stages(stages, out=out)
     done = {s.name for s in stages if s.state == "done"}
     if {"sample", "evaluator"} <= done:
         logger.info("evaluate: judging the samples in the evaluator's features")
         write_family_report(family, out=out)
         if tracked is not None:
             finish_parent_tracking(tracked, sweep_dir=out, results_csv=out / "report.csv")
-    _raise_if_failed(stages)
+    raise_if_failed(stages)
     return out / "report.md"
 
 
@@ -304,9 +306,24 @@ def samples_written(folder: Path) -> bool:
     return last.is_dir() and any(is_npz_name(p.name) for p in last.iterdir())
 
 
-def _run_stages(stages: list[StageRun], *, out: Path) -> None:
+Launch = Callable[[list[str], IO[bytes]], subprocess.Popen[bytes]]
+"""Starts one ``raydiff`` command line of a stage, its console going to the stage's log."""
+
+
+def launch_command(argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``raydiff ARGV`` as a process of its own. A session of its own: a Ctrl-C at the terminal
+    reaches this process only, which passes it on to each stage once (_stop_all)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "raydiff.cli", *argv],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def run_stages(stages: list[StageRun], *, out: Path, launch: Launch = launch_command) -> None:
     """Start each stage once what it needs is done, until none is waiting or running; a stop
-    signal is passed on to every running stage."""
+    signal is passed on to every running stage. Needs no Ray: the stages' commands join it."""
     from raydiff.orchestrate.driver_signals import StopSignal, sigterm_as_ctrl_c
 
     stopped = StopSignal()
@@ -315,11 +332,11 @@ def _run_stages(stages: list[StageRun], *, out: Path) -> None:
         with sigterm_as_ctrl_c() as stopped:
             while any(s.state in ("waiting", "running") for s in stages):
                 for stage in stages:
-                    _advance(stage, stages)
+                    _advance(stage, stages, launch=launch)
                 if time.monotonic() - last_progress > PROGRESS_SECONDS:
                     last_progress = time.monotonic()
                     _print_progress(stages)
-                time.sleep(0.5)
+                time.sleep(POLL_SECONDS)
     except KeyboardInterrupt as error:
         running = _stop_all(stages, sigterm=stopped.sigterm)
         raise RunInterruptedError(
@@ -329,7 +346,7 @@ def _run_stages(stages: list[StageRun], *, out: Path) -> None:
         ) from error
 
 
-def _advance(stage: StageRun, stages: list[StageRun]) -> None:
+def _advance(stage: StageRun, stages: list[StageRun], *, launch: Launch) -> None:
     """One look at ``stage``: start it, start its next command, or note how it ended."""
     states = {s.name: s.state for s in stages}
     if stage.state == "waiting":
@@ -346,7 +363,7 @@ def _advance(stage: StageRun, stages: list[StageRun]) -> None:
             if not stage.pending:
                 _finish(stage, "done", "finished before: skipped")
             else:
-                _start_next(stage)
+                _start_next(stage, launch=launch)
         return
     if stage.state != "running" or stage.process is None:
         return
@@ -356,23 +373,19 @@ def _advance(stage: StageRun, stages: list[StageRun]) -> None:
     if code != 0:
         _finish(stage, "failed", f"exit status {code}: {stage.last_line()}")
     elif stage.pending:
-        _start_next(stage)
+        _start_next(stage, launch=launch)
     else:
         _finish(stage, "done", "finished")
 
 
-def _start_next(stage: StageRun) -> None:
-    argv = [sys.executable, "-m", "raydiff.cli", *stage.pending.pop(0)]
+def _start_next(stage: StageRun, *, launch: Launch) -> None:
+    argv = stage.pending.pop(0)
     if stage.log_file is None:
         stage.log_file = open(stage.log, "ab")  # noqa: SIM115 - open while the stage runs
-    stage.log_file.write(f"$ raydiff {' '.join(argv[3:])}\n".encode())
+    stage.log_file.write(f"$ raydiff {' '.join(argv)}\n".encode())
     stage.log_file.flush()
-    logger.info("%s: raydiff %s started (log: %s)", stage.name, argv[3], stage.log)
-    # A session of its own: a Ctrl-C at the terminal reaches this process only, which passes
-    # it on to each stage once (_stop_all).
-    stage.process = subprocess.Popen(
-        argv, stdout=stage.log_file, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    logger.info("%s: raydiff %s started (log: %s)", stage.name, argv[0], stage.log)
+    stage.process = launch(argv, stage.log_file)
 
 
 def _finish(stage: StageRun, state: State, note: str) -> None:
@@ -406,7 +419,9 @@ def _stop_all(stages: list[StageRun], *, sigterm: bool) -> list[str]:
     return [s.name for s in running]
 
 
-def _raise_if_failed(stages: list[StageRun]) -> None:
+def raise_if_failed(stages: list[StageRun]) -> None:
+    """Fail naming each failed stage (its last line and log), the stages not run and those
+    finished."""
     failed = [s for s in stages if s.state == "failed"]
     if not failed:
         return

@@ -1,4 +1,5 @@
-"""One real local Ray cluster for the whole integration session, and a tiny prepared dataset.
+"""One real local Ray cluster for the whole integration session, a tiny prepared dataset, one
+short training run for the tests that only need *a* run, and one MLflow tracking server.
 
 Starting Ray costs 2-3 s and a Train run 10-20 s here, so every integration test shares the
 ``ray_cluster`` fixture instead of starting its own. The cluster claims 4 logical CPUs on a
@@ -10,6 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +25,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+MLFLOW_START_TIMEOUT_S = 120
 
 
 @dataclass(frozen=True)
@@ -111,3 +118,51 @@ def two_worker_run(
 
     out = tmp_path_factory.mktemp("two_workers") / f"run-{uuid.uuid4().hex[:8]}"
     return two_worker_run_in(out, tiny_dataset.path)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``mlflow server`` on a free port (sqlite backend, artifacts in a local folder): its URI.
+    One for the session: each test logs to an experiment of its own."""
+    pytest.importorskip("mlflow")
+    from test_job_submit import free_ports
+
+    root = tmp_path_factory.mktemp("mlflow")
+    (port,) = free_ports(1)
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
+    log = (root / "server.log").open("w")
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "mlflow", "server", "--workers", "1"),
+            *("--host", "127.0.0.1", "--port", str(port)),
+            *("--backend-store-uri", f"sqlite:///{root}/mlflow.db"),
+            *("--default-artifact-root", f"file:{root}/artifacts"),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: stopped whole at the end
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + MLFLOW_START_TIMEOUT_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"mlflow server did not start: {(root / 'server.log').read_text()}"
+                )
+            time.sleep(0.5)
+        yield uri
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()

@@ -1,7 +1,9 @@
 """``raydiff family`` on the shared local cluster: a tiny family (an 8x8 base model, its noisy
-classifier, an 8 -> 16 upsampler and a 16x16 evaluator, each a few steps) end to end; the same
-family stopped mid-way and continued without retraining what finished; a stage that fails while
-the stages that do not need it finish."""
+classifier, an 8 -> 16 upsampler and a 16x16 evaluator, each a few steps) stopped mid-way and
+continued without retraining what finished, then sampled and judged. (A stage that fails while
+the stages that do not need it finish: tests/unit/test_family_stages.py, the scheduler with
+stand-in commands; a training refusing to continue another model's run:
+tests/unit/test_run_checks.py.)"""
 
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ from conftest import TinyDataset
 from tiny_model import tiny_classifier, tiny_model
 
 from raydiff.cli import main
-from raydiff.cli.exit_codes import EXIT_RUN_FAILED
 from raydiff.train.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -179,40 +180,3 @@ def test_a_family_stopped_mid_way_continues_and_is_judged(
     assert (out / "report.png").read_bytes()[:4] == b"\x89PNG"
     [npz] = (out / "sample" / "guided" / "upsampled").glob("samples_*.npz")
     assert npz.name == "samples_8x16x16x1.npz"
-
-
-def test_a_failed_stage_is_named_and_the_independent_ones_finish(
-    ray_cluster: None, tiny_dataset: TinyDataset, tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    """The upsampler's folder holds a run of another model (its config changed since): its
-    command refuses to continue it; the other trainings finish, sampling (which needs the
-    upsampler) does not run, and the command fails naming the stage, its last line and log."""
-    from raydiff.config import ExperimentConfig, apply_overrides
-    from raydiff.train.local import run_single_process
-
-    family = tiny_family(tmp_path, tiny_dataset)
-    out = tmp_path / "family"
-    other = apply_overrides(
-        ExperimentConfig(),
-        [
-            *tiny_model(image_size=16),
-            "model.num_channels=64",
-            "train.task=super_res",
-            "super_res.small_size=8",
-            f"data.data_dir={tiny_dataset.path}",
-            "train.batch_size=8",
-            "train.max_steps=2",
-            "train.save_interval=2",
-            "train.sample_interval=0",
-            "train.eval_interval=0",
-        ],
-    )
-    run_single_process(other, output_dir=out / "upsampler")
-    assert main(["family", str(family), "--output", str(out)]) == EXIT_RUN_FAILED
-    error = capsys.readouterr().err
-    log = out / "logs" / "upsampler.log"
-    assert "stage upsampler failed (exit status 1: raydiff train: error:" in error
-    assert f"its log: {log}" in error and "not run: sample" in error
-    assert "finished: base, classifier, evaluator" in error
-    assert all((out / s / f"checkpoint_{STEPS:06d}").is_dir() for s in SHORT)
-    assert not (out / "sample").exists() and not (out / "report.md").exists()

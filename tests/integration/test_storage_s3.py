@@ -231,17 +231,18 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     assert not Path("s3:").exists()
 
 
-def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket(
-    ray_cluster, tiny_dataset, s3_bucket, tmp_path
+def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket_as_one_mlflow_parent(
+    ray_cluster, tiny_dataset, s3_bucket, mlflow_server, tmp_path
 ):
     """``raydiff sweep --output s3://...`` of Optuna's TPE over an upsampler's config (its input
-    size among the fields), stopped by SIGTERM while its second trial trains (as a pod's stop
-    sends it; the driver turns it into Ctrl-C, so this is Ctrl-C's path too): Tune's state,
-    the trials' runs and the results files are in the bucket; ``raydiff sweep --resume
-    s3://...`` reads Tune's state (Optuna's included) back from there, continues the interrupted
-    trial from its checkpoint and does not run the finished one again; the folder is then
-    refused to a new sweep. (A failing trial, and the resume of a finished sweep:
-    test_sweep.py.)"""
+    size among the fields), tracked in MLflow, stopped by SIGTERM while its second trial trains
+    (as a pod's stop sends it; the driver turns it into Ctrl-C, so this is Ctrl-C's path too):
+    Tune's state, the trials' runs and the results files are in the bucket; ``raydiff sweep
+    --resume s3://...`` reads Tune's state (Optuna's included) back from there, continues the
+    interrupted trial from its checkpoint and does not run the finished one again; the folder is
+    then refused to a new sweep. In MLflow the sweep is one parent run with one child per trial,
+    each holding every step once, and the results table. (A failing trial, and the resume of a
+    finished sweep: test_sweep.py.)"""
     import csv
     import io
     import signal
@@ -261,7 +262,13 @@ def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket(
         tmp_path,
         base=str(base),
         # No validation (what this checks is resume): the objective is the training loss.
-        set={"max_steps": 12, "data.val_split": ""},
+        set={
+            "max_steps": 12,
+            "data.val_split": "",
+            "tracking.backend": "tensorboard,mlflow",
+            "tracking.mlflow_tracking_uri": mlflow_server,
+            "tracking.mlflow_experiment": "sweep-on-s3",
+        },
         search_space={"lr": {"loguniform": [1e-4, 1e-2]}, "small_size": {"choice": [4, 8]}},
         metric="loss",
         search="optuna",
@@ -339,3 +346,19 @@ def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket(
 
     with pytest.raises(UserInputError, match="holds a sweep already"):
         start_sweep(load_sweep(sweep), output_dir=uri)
+
+    # Tracked: one parent run, a child per trial that logged each of its steps once (the
+    # interrupted trial's steps after its checkpoint were trained again, not logged again).
+    from mlflow.tracking import MlflowClient
+    from test_tracking import mlflow_runs, steps_of
+
+    runs = mlflow_runs(mlflow_server, "sweep-on-s3")
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert [r.info.run_name for r in parents] == ["s1"], [r.info.run_name for r in runs]
+    assert sorted(r.info.run_name for r in children) == [r["trial"] for r in rows]
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
+    for child in children:
+        assert steps_of(mlflow_server, child.info.run_id, "loss_step") == list(range(1, 13))
+    artifacts = MlflowClient(mlflow_server).list_artifacts(parents[0].info.run_id)
+    assert "results.csv" in [a.path for a in artifacts]

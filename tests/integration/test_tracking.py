@@ -1,13 +1,13 @@
-"""Experiment tracking against the real thing: an MLflow tracking server (a subprocess, SQL
-backend, local artifact store; one per module) read back through ``MlflowClient``, and W&B's
-offline run files.
+"""Experiment tracking against the real thing: an MLflow tracking server (conftest.py's
+``mlflow_server``: a subprocess, SQL backend, local artifact store) read back through
+``MlflowClient``, and W&B's offline run files.
 
 1. A 2-worker run whose rank 0 is killed at step 7 (SIGKILL: Ray Train restarts the worker group
    from checkpoint 4, and steps 5-6 are trained again) is one MLflow run holding every step once,
    the config's values as params, the preview grids, the checkpoint evaluations and where each
    checkpoint is.
-2. A sweep stopped by SIGTERM while its second trial trains and then resumed is one parent run
-   with one child per trial and the results table.
+2. A family's tracking: one parent, a child per training stage. (A sweep stopped by SIGTERM and
+   resumed, one parent with a child per trial: test_storage_s3.py's interrupted sweep, on S3.)
 3. W&B offline: a run continued from an older checkpoint than its last logged step (steps 3-4
    trained again) logs each step once into one W&B run, read back from its ``.wandb`` files.
 4. ``raydiff evaluate fid`` of samples drawn from a tracked run's checkpoint logs into that
@@ -21,70 +21,17 @@ import json
 import os
 import signal
 import struct
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_job_submit import free_ports
-from test_sweep import _sweep_cli, _wait_for, write_base, write_sweep
 from test_training import tiny_config
 
 from raydiff.config import ExperimentConfig, from_dict
 from raydiff.tracking import TRACKING_FILE, flat_params
 
 pytestmark = pytest.mark.integration
-
-SERVER_START_TIMEOUT_S = 120
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``mlflow server`` on a free port (sqlite backend, artifacts in a local folder): its URI."""
-    pytest.importorskip("mlflow")
-    root = tmp_path_factory.mktemp("mlflow")
-    (port,) = free_ports(1)
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
-    log = (root / "server.log").open("w")
-    server = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "mlflow", "server", "--workers", "1"),
-            *("--host", "127.0.0.1", "--port", str(port)),
-            *("--backend-store-uri", f"sqlite:///{root}/mlflow.db"),
-            *("--default-artifact-root", f"file:{root}/artifacts"),
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: stopped whole at the end
-    )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(
-                    f"mlflow server did not start: {(root / 'server.log').read_text()}"
-                )
-            time.sleep(0.5)
-        yield uri
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
 
 
 def mlflow_runs(uri: str, experiment: str) -> list[Any]:
@@ -176,62 +123,6 @@ def test_a_run_with_a_killed_worker_is_one_mlflow_run_with_every_step_once(
     assert tags["checkpoint_000008"] == str(out / "checkpoint_000008")
     images = [a.path for a in MlflowClient(mlflow_server).list_artifacts(run_id, "images")]
     assert any("samples" in p for p in images) and any("eval" in p for p in images), images
-
-
-def test_an_interrupted_and_resumed_sweep_is_one_parent_with_a_child_per_trial(
-    ray_cluster: None, tiny_dataset, mlflow_server: str, tmp_path: Path
-) -> None:
-    base = write_base(tmp_path, tiny_dataset.path)
-    sweep = write_sweep(
-        tmp_path,
-        base=str(base),
-        set={
-            "max_steps": 8,
-            "data.val_split": "",
-            "tracking.backend": "tensorboard,mlflow",
-            "tracking.mlflow_tracking_uri": mlflow_server,
-            "tracking.mlflow_experiment": "sweep",
-        },
-        search_space={"lr": {"grid": [1e-3, 2e-3]}},
-        metric="loss",
-        search="random",
-        num_samples=1,
-        max_concurrent_trials=1,
-        scheduler={"name": "none"},
-    )
-    out = tmp_path / "sweep"
-
-    def checkpoints(trial_prefix: str) -> list[Path]:
-        return sorted(out.glob(f"trials/{trial_prefix}_*/checkpoint_*/files.json"))
-
-    first = _sweep_cli("--config", str(sweep), "--output", str(out))
-    try:
-        _wait_for(lambda: checkpoints("t0001"), timeout=240, what="the second trial's checkpoint")
-        first.send_signal(signal.SIGTERM)
-        output, _ = first.communicate(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert first.returncode == 143, output
-    again = _sweep_cli("--resume", str(out))
-    output, _ = again.communicate(timeout=300)
-    assert again.returncode == 0, output
-
-    runs = mlflow_runs(mlflow_server, "sweep")
-    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
-    assert len(parents) == 1, [r.info.run_name for r in parents]
-    parent = parents[0]
-    assert parent.info.run_name == "sweep"
-    trials = sorted(p.name for p in (out / "trials").iterdir())
-    assert sorted(r.info.run_name for r in children) == trials and len(trials) == 2
-    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
-    for child in children:
-        assert steps_of(mlflow_server, child.info.run_id, "loss_step") == list(range(1, 9))
-    from mlflow.tracking import MlflowClient
-
-    artifacts = [a.path for a in MlflowClient(mlflow_server).list_artifacts(parent.info.run_id)]
-    assert "results.csv" in artifacts
 
 
 def test_a_family_is_one_parent_with_a_child_per_stage(mlflow_server: str, tmp_path: Path) -> None:

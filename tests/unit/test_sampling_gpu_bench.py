@@ -1,7 +1,8 @@
-"""bench/sampling.py --gpu's parts that run without a GPU: its options and modes, the clear exit
-(status 2) on a machine without CUDA, the models of the modes, and a whole small run of raydiff's
-modes on the CPU (``--device cpu``; improved-diffusion's are left out: its checkout is not part of
-the repository)."""
+"""The GPU benchmarks' parts that run without a GPU: the clear exit (status 2) on a machine
+without CUDA (bench/gpu_step.py's ``require_cuda``, which bench/sampling.py --gpu shares), the
+models of the sampling modes, and a whole small run of raydiff's sampling modes on the CPU
+(``--device cpu``; improved-diffusion's are left out: its checkout is not part of the
+repository). Their options and modes run on a GPU in ``make gpu-check``."""
 
 from __future__ import annotations
 
@@ -16,34 +17,6 @@ from tiny_model import tiny_model, tiny_unet
 @pytest.fixture(scope="module")
 def bench():
     return load_bench_script("sampling_gpu")
-
-
-def test_the_defaults_are_the_issues_loops_against_both_reference_modes(bench) -> None:
-    args = bench.parse_args([])
-    assert (args.batch_size, args.ddim_steps, args.ancestral_steps) == (256, 50, 250)
-    assert args.modes == bench.DEFAULT_MODES and set(args.modes) <= set(bench.MODES)
-    assert {"ref-fp32", "ref-fp16", "raydiff-fp32", "raydiff-fp32-compile"} <= set(args.modes)
-    assert args.out.name == "sampling_gpu.json"
-    assert bench.parse_args(["--device", "cpu"]).out.name == "sampling_gpu_cpu_check.json"
-    assert [bench.Case(use_ddim=d, steps=s).respacing for d, s in ((True, 50), (False, 250))] == [
-        "ddim50",
-        "250",
-    ]
-
-
-def test_unknown_modes_are_refused_by_name(bench, capsys) -> None:
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--modes", "raydiff-fp32,raydiff-tf32"])
-    assert "raydiff-tf32 unknown" in capsys.readouterr().err
-
-
-def test_no_reference_drops_the_ref_modes_and_refuses_to_run_nothing(bench, capsys) -> None:
-    assert bench.parse_args(["--no-reference"]).modes == tuple(
-        m for m in bench.DEFAULT_MODES if not m.startswith("ref-")
-    )
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--no-reference", "--modes", "ref-fp16"])
-    assert "no mode left" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")

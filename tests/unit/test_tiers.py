@@ -133,3 +133,21 @@ def test_under_ci_the_rules_hold_with_the_unit_tiers_parallel_workers(layout: Pa
     done = run(layout, "-m", "unit", "-k", "dataset", "-n", "2", ci="1")
     assert done.returncode == 1, done.stdout
     assert "skipped under CI (no Fashion-MNIST here)" in done.stdout
+
+
+def test_under_ci_a_tier_over_its_budget_fails_naming_itself_and_its_slowest_tests(
+    layout: Path, tmp_path: Path
+) -> None:
+    """The same layout with the unit tier's budget set to 0 s: under CI that tier fails (with
+    pytest-xdist's workers too); locally it passes."""
+    over = tmp_path / "over"
+    shutil.copytree(layout, over)
+    with (over / "tests" / "conftest.py").open("a") as conftest:
+        conftest.write('\nTIER_BUDGETS_S["unit"] = 0\n')
+    selected = ("-k", "runs")
+    assert run(over, "-m", "unit", *selected, ci=None).returncode == 0
+    for workers in ((), ("-n", "2")):
+        done = run(over, "-m", "unit", *selected, *workers, ci="1")
+        assert done.returncode == 1, done.stdout
+        assert "CI: the unit tier took " in done.stdout and "over its budget of 0 s" in done.stdout
+        assert "s  tests/unit/" + "test_a.py::test_runs" in done.stdout, done.stdout
