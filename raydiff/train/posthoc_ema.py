@@ -9,7 +9,7 @@ relative to the training time is ``sigma_rel`` (eq. 123). Tracking it step by st
 (:class:`PowerFunctionEMA`, eq. 127) averages the weights of step tau with exactly the mass
 p_t gives the interval (tau - 1, tau]; so every snapshot is an inner product <p, theta>, and a
 profile that is a combination of snapshot profiles is that combination of the snapshots
-(:func:`reconstruction_coefficients`, algorithm 3; :func:`combine`).
+(:func:`reconstruction_coefficients`, algorithm 3; :class:`WeightedSum`).
 
 Pure torch + NumPy: no Ray, no config. Times are in training steps (EDM2 counts images; only
 ratios of times enter the math).
@@ -252,22 +252,6 @@ class WeightedSum:
         if not self.count:
             raise ValueError("no state dicts: a combination takes at least one snapshot")
         return dict(self.total)
-
-
-def combine(
-    state_dicts: Sequence[Mapping[str, torch.Tensor]], coefficients: Sequence[float]
-) -> dict[str, torch.Tensor]:
-    """sum_i coefficients[i] * state_dicts[i] (:class:`WeightedSum`): one reconstructed target
-    from loaded snapshots (a column of :func:`reconstruction_coefficients`)."""
-    if len(state_dicts) != len(coefficients):
-        raise ValueError(
-            f"{len(state_dicts)} state dicts but {len(coefficients)} coefficients: give one "
-            "coefficient per snapshot"
-        )
-    total = WeightedSum()
-    for state, coefficient in zip(state_dicts, coefficients, strict=True):
-        total.add(state, coefficient)
-    return total.result()
 
 
 def profile_key(sigma_rel: float) -> str:
