@@ -38,13 +38,6 @@ RECONSTRUCTION_ERROR_LIMIT = 1e-2
 experiment behind it)."""
 
 
-def gamma_to_sigma_rel(gamma: float) -> float:
-    """The relative standard deviation of the profile with exponent ``gamma`` (eq. 123)."""
-    if not (math.isfinite(gamma) and gamma > -1):
-        raise ValueError(f"gamma {gamma} is invalid: a power-function profile needs gamma > -1")
-    return math.sqrt((gamma + 1) / ((gamma + 2) ** 2 * (gamma + 3)))
-
-
 def sigma_rel_to_gamma(sigma_rel: float) -> float:
     """The exponent of the profile with relative standard deviation ``sigma_rel`` (eq. 126,
     algorithm 2): the largest real root of
