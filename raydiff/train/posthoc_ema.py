@@ -9,7 +9,7 @@ relative to the training time is ``sigma_rel`` (eq. 123). Tracking it step by st
 (:class:`PowerFunctionEMA`, eq. 127) averages the weights of step tau with exactly the mass
 p_t gives the interval (tau - 1, tau]; so every snapshot is an inner product <p, theta>, and a
 profile that is a combination of snapshot profiles is that combination of the snapshots
-(:func:`reconstruction_coefficients`, algorithm 3; :func:`combine`).
+(:func:`reconstruction_coefficients`, algorithm 3; :class:`WeightedSum`).
 
 Pure torch + NumPy: no Ray, no config. Times are in training steps (EDM2 counts images; only
 ratios of times enter the math).
@@ -36,13 +36,6 @@ the uniform average); up to this value a profile still exists, its weights falli
 RECONSTRUCTION_ERROR_LIMIT = 1e-2
 """A suggested refusal threshold for :func:`reconstruction_error` (docs/posthoc_ema.md gives the
 experiment behind it)."""
-
-
-def gamma_to_sigma_rel(gamma: float) -> float:
-    """The relative standard deviation of the profile with exponent ``gamma`` (eq. 123)."""
-    if not (math.isfinite(gamma) and gamma > -1):
-        raise ValueError(f"gamma {gamma} is invalid: a power-function profile needs gamma > -1")
-    return math.sqrt((gamma + 1) / ((gamma + 2) ** 2 * (gamma + 3)))
 
 
 def sigma_rel_to_gamma(sigma_rel: float) -> float:
@@ -252,22 +245,6 @@ class WeightedSum:
         if not self.count:
             raise ValueError("no state dicts: a combination takes at least one snapshot")
         return dict(self.total)
-
-
-def combine(
-    state_dicts: Sequence[Mapping[str, torch.Tensor]], coefficients: Sequence[float]
-) -> dict[str, torch.Tensor]:
-    """sum_i coefficients[i] * state_dicts[i] (:class:`WeightedSum`): one reconstructed target
-    from loaded snapshots (a column of :func:`reconstruction_coefficients`)."""
-    if len(state_dicts) != len(coefficients):
-        raise ValueError(
-            f"{len(state_dicts)} state dicts but {len(coefficients)} coefficients: give one "
-            "coefficient per snapshot"
-        )
-    total = WeightedSum()
-    for state, coefficient in zip(state_dicts, coefficients, strict=True):
-        total.add(state, coefficient)
-    return total.result()
 
 
 def profile_key(sigma_rel: float) -> str:

@@ -18,7 +18,7 @@ import torch
 
 from raydiff.config import OptimConfig, TrainConfig
 from raydiff.core.keyed_noise import RowNoise, row_keys
-from raydiff.core.timestep_sampler import LossSync, ScheduleSampler
+from raydiff.core.timestep_sampler import ScheduleSampler
 from raydiff.seeding import derive_seed
 from raydiff.train.compilation import compile_static
 from raydiff.train.ema import EMA, Averager
@@ -59,7 +59,6 @@ class RankOptimizer:
     :param raw_model: the unwrapped module (for EMA and checkpoints); defaults to ``model``.
     :param local_batch_size: this worker's share of the global batch.
     :param rank, world_size: this worker's place in the data-parallel group.
-    :param loss_sync: gathers (t, loss) across workers for a loss-aware sampler.
     :param compile_step: the step calls ``model`` compiled (``train.compile``); ``raw_model``,
         which EMA and checkpoints use (and evaluation, through a compiled view of it), stays
         the uncompiled module.
@@ -87,7 +86,6 @@ class RankOptimizer:
         raw_model: torch.nn.Module | None = None,
         rank: int = 0,
         world_size: int = 1,
-        loss_sync: LossSync | None = None,
         compile_step: bool = False,
     ) -> None:
         self.raw_model = raw_model if raw_model is not None else model
@@ -106,7 +104,6 @@ class RankOptimizer:
                 f"per-worker batch {local_batch_size} must be divisible by "
                 f"microbatch={self.microbatch}"
             )
-        self.loss_sync = loss_sync
         self.precision = PrecisionPolicy(
             train.precision, device=device, init_scale=train.initial_loss_scale
         )
@@ -147,7 +144,7 @@ class RankOptimizer:
             )
         lr = self._begin_step()
         timesteps, weights, losses = self._accumulate_gradients(batch)
-        self.sampler.record_losses(timesteps, losses["loss"], sync=self.loss_sync)
+        self.sampler.record_losses(timesteps, losses["loss"])
         grad_norm, stepped = self._apply_gradients()
         return StepResult(
             stepped=stepped,
