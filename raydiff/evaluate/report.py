@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from raydiff.config import ExperimentConfig, from_dict
+from raydiff.config import ExperimentConfig
+from raydiff.config.resolve import saved_config
 from raydiff.storage import StoragePath, resolve_location, write_text_atomically
 from raydiff.tracking import log_evaluation
 from raydiff.train.checkpoint import CHECKPOINT_PATTERN
@@ -40,9 +41,7 @@ class RunCheckpoint:
     @property
     def config(self) -> ExperimentConfig:
         """The config the checkpoint was trained with."""
-        return from_dict(
-            ExperimentConfig, json.loads((self.checkpoint / "config.json").read_text())
-        )
+        return saved_config(self.checkpoint)
 
 
 def run_checkpoint(path: str | StoragePath) -> RunCheckpoint | None:
