@@ -190,13 +190,13 @@ def get_or_create_actor(
         namespace=ACTOR_NAMESPACE,
         get_if_exists=True,
         lifetime="detached",
-    ).remote(num_timesteps, resolve_location(run_dir), _actor_location(resume_checkpoint))
-
-
-def _actor_location(location: str | os.PathLike[str] | StoragePath | None) -> StoragePath | None:
-    """An absolute local path (the actor runs elsewhere), or a URI's path with its filesystem
-    (its credentials included: the actor may run where the environment has none)."""
-    return None if location is None else resolve_location(location)
+    ).remote(
+        num_timesteps,
+        # Absolute local paths (the actor runs elsewhere), or a URI's path with its filesystem
+        # (credentials included: the actor may run where the environment has none).
+        resolve_location(run_dir),
+        None if resume_checkpoint is None else resolve_location(resume_checkpoint),
+    )
 
 
 def kill_actor(run_dir: str | os.PathLike[str] | StoragePath, *, timeout_s: float = 30.0) -> None:

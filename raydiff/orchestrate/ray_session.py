@@ -7,7 +7,7 @@ keep:
 
 - ``ray.init(logging_level=WARNING)``: the driver's ``ray`` logger drops Ray's INFO lines
   ("Started a local Ray instance", the token-auth notice);
-- Ray Train's ``LoggingConfig(log_level="WARNING")`` (:func:`train_log_level`): no "[State
+- Ray Train's ``LoggingConfig(log_level="WARNING")`` (``raydiff.orchestrate.training_job``): no "[State
   Transition]", "Attempting to start training worker group" on the console, while
   ``logs/train/ray-train-sys-*.log`` keep every level;
 - the driver's ``ray.tune`` and ``ray.data`` loggers at WARNING (:func:`quiet_ray_console`): no
@@ -45,9 +45,6 @@ import warnings
 from typing import Any
 
 logger = logging.getLogger(__name__)
-
-QUIET_HOOK = f"{__name__}.quiet_ray_worker"
-VERBOSE_HOOK = f"{__name__}.pin_ray_address"
 
 # Ray's console lines that a quiet run leaves out, as regular expressions over a line's text;
 # each says nothing its reader can act on. `raydiff -v` prints them.
@@ -102,18 +99,15 @@ def ensure_ray(
     )
 
 
-def report_capacity(
-    *, min_workers: int, cpus_per_worker: float, use_gpu: bool, extra_cpus: float = 0.0
-) -> bool:
-    """Say so, at start, when the cluster cannot hold ``min_workers`` training workers now
-    (with ``extra_cpus`` beside them): Ray Train then waits for nodes to join, logging nothing
+def report_capacity(*, min_workers: int, cpus_per_worker: float, use_gpu: bool) -> bool:
+    """Say so, at start, when the cluster cannot hold ``min_workers`` training workers now:
+    Ray Train then waits for nodes to join, logging nothing
     for a while, and a user would see a silent run. Returns whether they fit."""
     import ray
 
     total = ray.cluster_resources()
     key, each = ("GPU", 1.0) if use_gpu else ("CPU", cpus_per_worker)
-    have = total.get(key, 0.0) - (0.0 if use_gpu else extra_cpus)
-    fits = int(have // each + 1e-9)
+    fits = int(total.get(key, 0.0) // each + 1e-9)
     if fits >= min_workers:
         return True
     logger.warning(
@@ -136,7 +130,7 @@ def start_local_ray(*, num_cpus: int, **init_kwargs: Any) -> Any:
     import ray
 
     runtime_env = dict(init_kwargs.pop("runtime_env", None) or {})
-    runtime_env.setdefault("worker_process_setup_hook", setup_hook())
+    runtime_env.setdefault("worker_process_setup_hook", _setup_hook())
     return ray.init(address="local", num_cpus=num_cpus, runtime_env=runtime_env, **init_kwargs)
 
 
@@ -150,18 +144,13 @@ def ray_init_options() -> dict[str, Any]:
     # is an error, so a job that brings its own setup hook keeps it (and Ray's worker output).
     job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}"))
     if "worker_process_setup_hook" not in (job.get("runtime_env") or {}):
-        options["runtime_env"] = {"worker_process_setup_hook": setup_hook()}
+        options["runtime_env"] = {"worker_process_setup_hook": _setup_hook()}
     return options
 
 
-def setup_hook() -> str:
+def _setup_hook() -> str:
     """This run's ``worker_process_setup_hook``, as the module path Ray imports it by."""
-    return VERBOSE_HOOK if verbose() else QUIET_HOOK
-
-
-def train_log_level() -> str:
-    """Ray Train's console level (``ray.train.LoggingConfig``) for this run."""
-    return "INFO" if verbose() else "WARNING"
+    return f"{__name__}.{'pin_ray_address' if verbose() else 'quiet_ray_worker'}"
 
 
 def skip_ray_noise() -> None:
@@ -203,21 +192,17 @@ def quiet_ray_console() -> None:
     # driver that reads no dataset.
     if "ray.data" in sys.modules:
         names.append("ray.data")
-        filter_ray_data_console()
+        # The ray.data logger does not propagate: RayNoiseFilter on its console handlers, once
+        # each; its log file (ray-data.log) keeps every line.
+        for handler in logging.getLogger("ray.data").handlers:
+            console = isinstance(handler, logging.StreamHandler) and not isinstance(
+                handler, logging.FileHandler
+            )
+            if console and not any(isinstance(f, RayNoiseFilter) for f in handler.filters):
+                handler.addFilter(RayNoiseFilter())
     for name in names:
         logging.getLogger(name).setLevel(logging.WARNING)
     ignore_ray_deprecations()
-
-
-def filter_ray_data_console() -> None:
-    """:class:`RayNoiseFilter` on the console handlers of the ``ray.data`` logger (which does
-    not propagate), once each; its log file (``ray-data.log``) keeps every line."""
-    for handler in logging.getLogger("ray.data").handlers:
-        console = isinstance(handler, logging.StreamHandler) and not isinstance(
-            handler, logging.FileHandler
-        )
-        if console and not any(isinstance(f, RayNoiseFilter) for f in handler.filters):
-            handler.addFilter(RayNoiseFilter())
 
 
 def pin_ray_address() -> None:

@@ -161,25 +161,6 @@ class SweepOutcome:
     tensorboard_dir: StoragePath
 
 
-class TrialNumbers:
-    """Numbers trials 0, 1, 2, ... in the order Tune creates them, the same after a resume.
-
-    Tune's trial ids are random with a search algorithm like Optuna, so the number (in the
-    trial's folder name, and what its seed derives from) is kept in ``trial_numbers.json`` in
-    the sweep folder. Tune calls this in the driver, one trial at a time.
-    """
-
-    def __init__(self, out: StoragePath) -> None:
-        self._file = out / "trial_numbers.json"
-
-    def __call__(self, trial_id: str) -> int:
-        numbers = json.loads(self._file.read_text()) if self._file.is_file() else {}
-        if trial_id not in numbers:
-            numbers[trial_id] = max(numbers.values(), default=-1) + 1
-            write_text_atomically(self._file, json.dumps(numbers, indent=1))
-        return numbers[trial_id]
-
-
 def number_of_trial_dir(name: str) -> int:
     """``t0004_lr-0.001`` -> 4 (see :func:`raydiff.sweep.spec.trial_run_name`)."""
     return int(name.partition("_")[0][1:])
@@ -209,7 +190,7 @@ def run_trial(
     cached_splits: dict[str, Any],
     tracking_parent: dict[str, Any],
 ) -> None:
-    """The Tune trainable (bound to its sweep by :func:`_trainable`): one trial = one
+    """The Tune trainable (bound to its sweep by :func:`_tuner`): one trial = one
     ``run_training_job`` into ``trials_dir/<name>``."""
     # The driver named the trial's Tune folder (trial_run_name); its run folder is named alike.
     name = Path(tune.get_context().get_trial_dir()).name
@@ -234,26 +215,6 @@ def run_trial(
         tune.report({k: v for k, v in numbers.items() if not isinstance(v, bool)})
 
 
-def _trainable(
-    loaded: LoadedSweep,
-    *,
-    trials_dir: StoragePath,
-    manifest: Manifest,
-    cached_splits: dict[str, Any],
-    tracking_parent: dict[str, Any],
-) -> Any:
-    """:func:`run_trial` bound to this sweep, with a trial's resources."""
-    trial = functools.partial(
-        run_trial,
-        loaded=loaded,
-        trials_dir=trials_dir,
-        manifest=manifest,
-        cached_splits=cached_splits,
-        tracking_parent=tracking_parent,
-    )
-    return tune.with_resources(trial, {"CPU": TRIAL_DRIVER_CPUS})
-
-
 def _default_concurrency(loaded: LoadedSweep) -> int:
     """Trials that fit at once: the cluster's CPUs (GPUs) over one trial's training workers,
     leaving two CPUs for Ray Data; on a new local instance, this machine's cores."""
@@ -270,15 +231,25 @@ def _default_concurrency(loaded: LoadedSweep) -> int:
 
 
 class TrialDirName:
-    """A trial's name and folder name: its number (:class:`TrialNumbers`) and its values."""
+    """A trial's name and folder name: its number and its values.
+
+    Tune's trial ids are random with a search algorithm like Optuna, so the number (0, 1, 2,
+    ... in the order Tune creates the trials, the same after a resume; in the folder name, and
+    what the trial's seed derives from) is kept in ``trial_numbers.json`` in the sweep folder.
+    Tune calls this in the driver, one trial at a time.
+    """
 
     def __init__(self, out: StoragePath, dims: tuple[SearchDimension, ...]) -> None:
-        self._numbers = TrialNumbers(out)
+        self._file = out / "trial_numbers.json"
         self._dims = dims
 
     def __call__(self, trial: Any) -> str:
+        numbers = json.loads(self._file.read_text()) if self._file.is_file() else {}
+        if trial.trial_id not in numbers:
+            numbers[trial.trial_id] = max(numbers.values(), default=-1) + 1
+            write_text_atomically(self._file, json.dumps(numbers, indent=1))
         values = _display_values(self._dims, trial.config)
-        return trial_run_name(self._numbers(trial.trial_id), values)
+        return trial_run_name(numbers[trial.trial_id], values)
 
 
 def _tuner(
@@ -302,13 +273,16 @@ def _tuner(
     cached_splits = cache_splits(loaded.base_config.data, manifest=manifest)
     # The sweep's parent runs: created by its first start, found again by a resumed one.
     parent = start_parent_tracking(loaded.base_config, sweep_dir=out)
-    trainable = _trainable(
-        loaded,
+    # run_trial bound to this sweep, with a trial's resources.
+    trial = functools.partial(
+        run_trial,
+        loaded=loaded,
         trials_dir=trials_dir,
         manifest=manifest,
         cached_splits=cached_splits,
         tracking_parent=parent,
     )
+    trainable = tune.with_resources(trial, {"CPU": TRIAL_DRIVER_CPUS})
     if restore:
         # Finished and failed trials stay as they are; interrupted ones run again and continue
         # their own training run from its newest checkpoint.

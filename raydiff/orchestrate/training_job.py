@@ -21,7 +21,6 @@ from raydiff.orchestrate.ray_session import (
     ensure_ray,
     quiet_ray_console,
     report_capacity,
-    train_log_level,
     verbose,
 )
 from raydiff.storage import (
@@ -52,22 +51,6 @@ def with_absolute_data_dir(config: ExperimentConfig) -> ExperimentConfig:
 
 
 RUN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-
-
-def check_remote_output(out: StoragePath) -> None:
-    """What a run folder given as a URI (``raydiff.storage``) cannot be."""
-    if names_a_bucket(out):
-        raise UserInputError(
-            f"--output {out}: give the run a folder inside the bucket, e.g. {out}/runs/NAME"
-        )
-
-
-def storage_options(run_dir: StoragePath) -> dict[str, Any]:
-    """``RunConfig``'s storage arguments: Ray Train keeps the run (its checkpoints) in
-    ``run_dir``. A URI's filesystem is the driver's (S3 configured from its environment,
-    credentials included: ``raydiff.storage``); Train's controller and workers use it as is."""
-    path, filesystem = ray_storage(run_dir.parent)
-    return {"storage_path": path, "storage_filesystem": filesystem}
 
 
 def dataset_config(data: DataConfig, *, split_train: bool = True) -> ray.train.DataConfig:
@@ -122,7 +105,10 @@ def run_training_job(
             f"name and may only hold letters, digits, '_', '.' and '-' (e.g. "
             f"{re.sub(r'[^A-Za-z0-9_.-]', '-', out.name)!r})"
         )
-    check_remote_output(out)
+    if names_a_bucket(out):
+        raise UserInputError(
+            f"--output {out}: give the run a folder inside the bucket, e.g. {out}/runs/NAME"
+        )
     manifest = manifest or load_manifest(config.data.data_dir)
     start = plan_start(config, output_dir=out, resume=resume_path, manifest=manifest)
     if start.finished is not None:
@@ -162,7 +148,12 @@ def _train_on_ray(
     import ray.train
 
     _start_session(config, address=address, show_data_progress=show_data_progress)
-    callbacks = _controller_callbacks(callbacks, run_name=out.name)
+    from raydiff.orchestrate.metrics import RunEventMetrics
+    from raydiff.orchestrate.repeated_failure import StopRepeatedFailure
+
+    # The run's failure and preemption gauges, then the stop on a repeated failure (it raises,
+    # so it comes last: the failure it ends the run on is counted too).
+    callbacks = [*(callbacks or []), RunEventMetrics(out.name), StopRepeatedFailure()]
     evaluator = None
     if config.evaluation.every_checkpoint:
         from raydiff.orchestrate.checkpoint_eval import (
@@ -217,7 +208,14 @@ def _train_on_ray(
             kill_actor(out)
         if evaluator is not None:
             ray.kill(evaluator)
-    return _final_metrics(result, evaluation=evaluation, out=out)
+    # Rank 0's final metrics, the checkpoint evaluations, the last checkpoint and the run.
+    metrics = dict(result.return_value or {})
+    if evaluation is not None:
+        metrics["evaluation"] = evaluation
+    if result.checkpoint is not None:  # Ray's path is on the run's filesystem: name it in out
+        metrics["checkpoint"] = str(out / Path(result.checkpoint.path).name)
+    metrics["output_dir"] = str(out)
+    return metrics
 
 
 def _start_session(
@@ -276,16 +274,6 @@ def num_val_images(config: ExperimentConfig, *, manifest: Manifest) -> int:
     return min(config.train.eval_num_images, manifest.splits[config.data.val_split].num_rows)
 
 
-def _controller_callbacks(callbacks: list[Any] | None, *, run_name: str) -> list[Any]:
-    """The caller's Ray Train callbacks, then raydiff's own: the run's failure and preemption
-    gauges, then the stop on a repeated failure (which raises, so it comes last: the failure it
-    ends the run on is counted too)."""
-    from raydiff.orchestrate.metrics import RunEventMetrics
-    from raydiff.orchestrate.repeated_failure import StopRepeatedFailure
-
-    return [*(callbacks or []), RunEventMetrics(run_name), StopRepeatedFailure()]
-
-
 def _torch_trainer(
     config: ExperimentConfig,
     *,
@@ -305,6 +293,7 @@ def _torch_trainer(
     from raydiff.orchestrate.worker import train_loop_per_worker
 
     scaling = config.scaling
+    storage_path, filesystem = ray_storage(out.parent)
     cached_train = datasets.get("train")
     if not isinstance(cached_train, CachedSplit):
         cached_train = None
@@ -334,31 +323,21 @@ def _torch_trainer(
         ),
         run_config=ray.train.RunConfig(
             name=out.name,
-            **storage_options(out),
+            # Ray Train keeps the run (its checkpoints) in out. A URI's filesystem is the
+            # driver's (S3 configured from its environment: raydiff.storage), used as is.
+            storage_path=storage_path,
+            storage_filesystem=filesystem,
             failure_config=ray.train.FailureConfig(
                 max_failures=scaling.max_failures,
                 max_preemption_failures=scaling.max_preemption_failures,
             ),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=scaling.checkpoints_to_keep),
-            logging_config=ray.train.LoggingConfig(log_level=train_log_level()),
+            logging_config=ray.train.LoggingConfig(log_level="INFO" if verbose() else "WARNING"),
             callbacks=callbacks,
         ),
         datasets=ray_datasets,
         dataset_config=dataset_config(config.data, split_train="train" in ray_datasets),
     )
-
-
-def _final_metrics(
-    result: ray.train.Result, *, evaluation: dict[str, Any] | None, out: StoragePath
-) -> dict[str, Any]:
-    """Rank 0's final metrics, the checkpoint evaluations, the last checkpoint and the run."""
-    metrics = dict(result.return_value or {})
-    if evaluation is not None:
-        metrics["evaluation"] = evaluation
-    if result.checkpoint is not None:  # Ray's path is on the run's filesystem: name it in out
-        metrics["checkpoint"] = str(out / Path(result.checkpoint.path).name)
-    metrics["output_dir"] = str(out)
-    return metrics
 
 
 def run_failed_error(
