@@ -118,7 +118,14 @@ def plan_sweep(options: EmaOptions) -> SweepPlan:
     step = int(checkpoint.name.removeprefix("checkpoint_"))
     config = saved_config(checkpoint)
     spec = task_spec(config.train.task)
-    _check_val_split(config)
+    from raydiff.data.manifest import load_manifest
+
+    if not config.data.val_split:
+        raise UserInputError(
+            f"the run's data.val_split is empty: --evaluate measures every weights on the val "
+            f"split of {config.data.data_dir}"
+        )
+    load_manifest(config.data.data_dir).check_split(config.data.val_split, setting="data.val_split")
     if spec.posthoc_sweep == "samples":
         ranking = _check_sampling(options, config)
     else:
@@ -203,27 +210,32 @@ def _refuse_sampling_flags(options: EmaOptions, config: ExperimentConfig) -> Non
         )
 
 
-def _check_val_split(config: ExperimentConfig) -> None:
-    from raydiff.data.manifest import load_manifest
-
-    split = config.data.val_split
-    if not split:
-        raise UserInputError(
-            f"the run's data.val_split is empty: --evaluate measures every weights on the val "
-            f"split of {config.data.data_dir}"
-        )
-    load_manifest(config.data.data_dir).check_split(split, setting="data.val_split")
-
-
 def _sampled(
     plan: SweepPlan, options: EmaOptions, rows: list[SweepRow], *, address: str | None
 ) -> Iterator[dict[str, float | None]]:
     """Each row's figures in turn: its samples' and its val bits/dim."""
+    from raydiff.evaluate.options import BpdOptions
+    from raydiff.orchestrate.model_actor import run_bpd
+
     low_res = _write_low_res_inputs(plan, options) if plan.spec.low_res_input else None
     for row in rows:
         folder = plan.out / row.name
         metrics = _sample_metrics(plan, options, row.name, folder, low_res=low_res, address=address)
-        metrics["val_bpd"] = _val_bpd(plan, options, row.name, folder, address=address)
+        bpd = run_bpd(
+            BpdOptions(
+                checkpoint=str(plan.checkpoint),
+                weights=row.name,
+                split=plan.config.data.val_split,
+                num_images=options.num_images,
+                timestep_respacing=options.bpd_respacing,
+                num_workers=options.num_workers,
+                seed=options.seed,
+                out=str(folder),
+            ),
+            address=address,
+            track_in_run=False,
+        )
+        metrics["val_bpd"] = float(bpd.summary["bpd"])
         yield metrics
 
 
@@ -290,29 +302,6 @@ def _sample_metrics(
     suffix = "_classifier" if options.features else ""
     keys = (plan.ranking.key, f"precision{suffix}", f"recall{suffix}")
     return {key: result.summary.get(key) for key in keys}
-
-
-def _val_bpd(
-    plan: SweepPlan, options: EmaOptions, weights: str, folder: StoragePath, *, address: str | None
-) -> float:
-    from raydiff.evaluate.options import BpdOptions
-    from raydiff.orchestrate.model_actor import run_bpd
-
-    result = run_bpd(
-        BpdOptions(
-            checkpoint=str(plan.checkpoint),
-            weights=weights,
-            split=plan.config.data.val_split,
-            num_images=options.num_images,
-            timestep_respacing=options.bpd_respacing,
-            num_workers=options.num_workers,
-            seed=options.seed,
-            out=str(folder),
-        ),
-        address=address,
-        track_in_run=False,
-    )
-    return float(result.summary["bpd"])
 
 
 class WeightsValidator:

@@ -254,14 +254,16 @@ def map_batches_in_order(
     batch's size as its result arrives."""
     from ray.util import ActorPool
 
-    call = functools.partial(_call, method, args, kwargs)
     by_start = {b.start: b for b in batches}
     values: dict[int, Any] = {}
     stopped = StopSignal()
     try:
         # ray.init replaced Python's SIGTERM handler with Ray's (a C++ stack trace, an abort).
         with sigterm_as_ctrl_c() as stopped:
-            for start, value in ActorPool(actors).map_unordered(call, batches):
+            calls = ActorPool(actors).map_unordered(
+                lambda actor, batch: getattr(actor, method).remote(batch, *args, **kwargs), batches
+            )
+            for start, value in calls:
                 values[start] = value
                 if progress is not None:
                     progress.update(len(by_start[start]))
@@ -274,13 +276,6 @@ def map_batches_in_order(
             signal_name=stopped.name,
         ) from error
     return [values[b.start] for b in batches]
-
-
-def _call(
-    method: str, args: tuple[Any, ...], kwargs: dict[str, Any], actor: Any, batch: range
-) -> Any:
-    """``ActorPool``'s submit function for :func:`map_batches_in_order`."""
-    return getattr(actor, method).remote(batch, *args, **kwargs)
 
 
 def run_bpd(

@@ -1,36 +1,10 @@
 """A run's Ray session: join the cluster it is given or start a local instance, and keep Ray's own
-chatter off the console.
+chatter off the console (what is left out, and why: docs/training.md).
 
 Quiet is the default; ``raydiff -v`` (DEBUG on the ``raydiff`` logger) leaves Ray's console
-output as Ray makes it. Only Ray's public switches are used, and Ray's log files keep what they
-keep:
-
-- ``ray.init(logging_level=WARNING)``: the driver's ``ray`` logger drops Ray's INFO lines
-  ("Started a local Ray instance", the token-auth notice);
-- Ray Train's ``LoggingConfig(log_level="WARNING")`` (``raydiff.orchestrate.training_job``): no "[State
-  Transition]", "Attempting to start training worker group" on the console, while
-  ``logs/train/ray-train-sys-*.log`` keep every level;
-- the driver's ``ray.tune`` and ``ray.data`` loggers at WARNING (:func:`quiet_ray_console`): no
-  Tune banners, no "Starting execution of Dataset" for the splits the driver decodes (those
-  lines then stay out of the driver's ``ray-data.log`` too); each training worker does the same
-  for itself (``raydiff.orchestrate.worker``). Ray Data's lines from its own worker processes
-  (a split coordinator's) still print, as Ray Data makes them;
-- the job's ``worker_process_setup_hook`` (a documented ``runtime_env`` field) runs
-  :func:`quiet_ray_worker` in every Ray worker: deprecation and future warnings raised inside
-  Ray's own modules are ignored there, and the worker's cluster lookups are pinned to its own
-  cluster (:func:`pin_ray_address`);
-- the lines of :data:`RAY_NOISE` (Ray's, with nothing in them for the user to act on): the
-  command line sets Ray's documented ``RAY_DEDUP_LOGS_SKIP_REGEX`` before Ray is imported
-  (:func:`skip_ray_noise`), so the driver does not print them when Ray's workers write them, and
-  :func:`quiet_ray_console` filters them out of the driver's own Ray Data console handler;
-- the driver's ``tensorboardX`` logger at WARNING (:func:`quiet_ray_console`): Tune's
-  TensorBoard callback writes every reported metric, and tensorboardX announces at INFO each
-  name it renames (``val_acc@1`` -> ``val_acc_1``, ``ray/tune/...`` events under the sweep's
-  ``tune/``). raydiff's own TensorBoard events (the run's ``tensorboard/``) are not affected.
-
-Errors are untouched: a failing worker's traceback still comes back in the exception
-``fit()`` raises, and WARNING/ERROR records of Ray Train and Ray Data still print, Ray's
-ERROR lines from its workers (``core_worker.cc``) included, but for the one of :data:`RAY_NOISE`.
+output as Ray makes it. Only Ray's public switches are used (``ray.init(logging_level=...)``,
+``LoggingConfig``, ``RAY_DEDUP_LOGS_SKIP_REGEX``, the ``worker_process_setup_hook`` of the
+job's ``runtime_env``); Ray's log files keep what they keep, and errors are untouched.
 """
 
 from __future__ import annotations

@@ -99,7 +99,19 @@ def _sample(options: SampleOptions, loaded: SamplingModel, *, address: str | Non
     guidance, labels = _guidance_and_labels(options, loaded.config, low_res)
     ensure_ray(address=address, num_workers=options.num_workers, cpus_per_worker=1.0)
     quiet_ray_console()
-    _log_start(options, loaded, diffusion_config, guided=guidance is not None)
+    respacing = diffusion_config.timestep_respacing
+    logger.info(
+        "sampling %d images from %s (%s) on %d worker(s): %s%s%s, batches of %s, seed %d",
+        options.num_samples,
+        options.checkpoint,
+        loaded.weights.name,
+        options.num_workers,
+        "DDIM" if options.use_ddim else "ancestral",
+        f" respaced {respacing}" if respacing else "",
+        f", classifier guidance scale {options.classifier_scale}" if guidance else "",
+        options.batch_size or "the largest that fits",
+        options.seed,
+    )
     start = time.monotonic()
     samples, resolved = _samples_on_actors(
         options, loaded, diffusion_config, guidance, labels, low_res
@@ -168,28 +180,6 @@ def _guidance_and_classes(
             "--class-labels given, but the model is not class-conditional (and no --classifier)"
         )
     return guidance, num_classes
-
-
-def _log_start(
-    options: SampleOptions,
-    loaded: SamplingModel,
-    diffusion_config: DiffusionConfig,
-    *,
-    guided: bool,
-) -> None:
-    respacing = diffusion_config.timestep_respacing
-    logger.info(
-        "sampling %d images from %s (%s) on %d worker(s): %s%s%s, batches of %s, seed %d",
-        options.num_samples,
-        options.checkpoint,
-        loaded.weights.name,
-        options.num_workers,
-        "DDIM" if options.use_ddim else "ancestral",
-        f" respaced {respacing}" if respacing else "",
-        f", classifier guidance scale {options.classifier_scale}" if guided else "",
-        options.batch_size or "the largest that fits",
-        options.seed,
-    )
 
 
 def _samples_on_actors(

@@ -289,7 +289,7 @@ def _tuner(
         return tune.Tuner.restore(
             tune_path(out),
             trainable=trainable,
-            storage_filesystem=storage_filesystem(out),
+            storage_filesystem=ray_storage(out)[1],
             resume_unfinished=True,
             resume_errored=False,
             restart_errored=False,
@@ -311,7 +311,7 @@ def _tuner(
         run_config=tune.RunConfig(
             name=TUNE_DIR,
             storage_path=ray_storage(out)[0],
-            storage_filesystem=storage_filesystem(out),
+            storage_filesystem=ray_storage(out)[1],
             failure_config=tune.FailureConfig(max_failures=0),
             callbacks=[
                 TrialLifecycle(
@@ -367,14 +367,9 @@ def sweep_folder(flag: str, folder: str | Path) -> StoragePath:
     return out
 
 
-def storage_filesystem(out: StoragePath) -> Any:
-    """The pyarrow filesystem Tune keeps its state on: a URI's own (S3 configured from the
-    driver's environment, ``raydiff.storage``), or Tune's default for a local folder."""
-    return ray_storage(out)[1]
-
-
 def tune_path(out: StoragePath) -> str:
-    """Tune's experiment folder as Tune takes it (with :func:`storage_filesystem`)."""
+    """Tune's experiment folder as Tune takes it (with ``ray_storage(out)[1]``, the pyarrow
+    filesystem Tune keeps its state on: a URI's own, or Tune's default for a local folder)."""
     return ray_storage(out / TUNE_DIR)[0]
 
 
@@ -421,7 +416,7 @@ def resume_sweep(output_dir: str | Path, *, address: str | None = None) -> Sweep
         for name in (SWEEP_FILE, BASE_CONFIG_FILE):
             (Path(tmp) / name).write_text((out / name).read_text())
         loaded = load_sweep(Path(tmp) / SWEEP_FILE, manifest_for=load_manifest)
-    restore = tune.Tuner.can_restore(tune_path(out), storage_filesystem=storage_filesystem(out))
+    restore = tune.Tuner.can_restore(tune_path(out), storage_filesystem=ray_storage(out)[1])
     if not restore:
         logger.warning("no Tune state in %s yet: starting its trials afresh", out / TUNE_DIR)
     return _run(loaded, out=out, manifest=None, address=address, restore=restore)
@@ -465,7 +460,7 @@ def _run(
     # After Ctrl-C (or SIGTERM, turned into it) Tune stops the running trials and marks them
     # terminated in memory, as if they had finished; the state it saved for --resume still says
     # which had not.
-    analysis = tune.ExperimentAnalysis(tune_path(out), storage_filesystem=storage_filesystem(out))
+    analysis = tune.ExperimentAnalysis(tune_path(out), storage_filesystem=ray_storage(out)[1])
     saved = {Path(t.path).name: t.status for t in analysis.trials}
     unfinished = {name for name, status in saved.items() if status not in ("TERMINATED", "ERROR")}
     interrupted = bool(unfinished)

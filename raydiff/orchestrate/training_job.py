@@ -147,7 +147,24 @@ def _train_on_ray(
     import ray
     import ray.train
 
-    _start_session(config, address=address, show_data_progress=show_data_progress)
+    # Join or start the run's Ray cluster (with room for the checkpoint evaluator), quiet.
+    ensure_ray(
+        address=address,
+        num_workers=config.scaling.max_workers,
+        cpus_per_worker=config.scaling.cpus_per_worker,
+        extra_cpus=config.evaluation.cpus if config.evaluation.every_checkpoint else 0.0,
+    )
+    report_capacity(
+        min_workers=config.scaling.min_workers,
+        cpus_per_worker=config.scaling.cpus_per_worker,
+        use_gpu=config.scaling.use_gpu,
+    )
+    quiet_ray_console()
+    if not show_data_progress:
+        from ray.data import DataContext
+
+        # Ray Data's per-operator bars drown the training log; the dashboard shows them.
+        DataContext.get_current().enable_progress_bars = False
     from raydiff.orchestrate.metrics import RunEventMetrics
     from raydiff.orchestrate.repeated_failure import StopRepeatedFailure
 
@@ -216,30 +233,6 @@ def _train_on_ray(
         metrics["checkpoint"] = str(out / Path(result.checkpoint.path).name)
     metrics["output_dir"] = str(out)
     return metrics
-
-
-def _start_session(
-    config: ExperimentConfig, *, address: str | None, show_data_progress: bool
-) -> None:
-    """Join or start the run's Ray cluster (with room for the checkpoint evaluator), quiet."""
-    evaluate = config.evaluation.every_checkpoint
-    ensure_ray(
-        address=address,
-        num_workers=config.scaling.max_workers,
-        cpus_per_worker=config.scaling.cpus_per_worker,
-        extra_cpus=config.evaluation.cpus if evaluate else 0.0,
-    )
-    report_capacity(
-        min_workers=config.scaling.min_workers,
-        cpus_per_worker=config.scaling.cpus_per_worker,
-        use_gpu=config.scaling.use_gpu,
-    )
-    quiet_ray_console()
-    if not show_data_progress:
-        from ray.data import DataContext
-
-        # Ray Data's per-operator bars drown the training log; the dashboard shows them.
-        DataContext.get_current().enable_progress_bars = False
 
 
 def _datasets(
