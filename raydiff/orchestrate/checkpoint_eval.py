@@ -97,18 +97,6 @@ class CheckpointEvaluationCallback(UserCallback):
         self.evaluator.evaluate.remote(PurePosixPath(checkpoint.path).name, step)
 
 
-def start_evaluator(config: ExperimentConfig, *, run_dir: StoragePath) -> Any:
-    """The run's evaluator actor, on ``evaluation.cpus`` CPUs (a GPU on a GPU run). A run folder
-    under a URI travels with its filesystem (the driver's credentials included)."""
-    options = config.evaluation
-    resources: dict[str, float] = {"num_cpus": options.cpus}
-    if config.scaling.use_gpu:
-        resources = {"num_cpus": 1, "num_gpus": 1}
-    return CheckpointEvaluator.options(**resources).remote(
-        config, run_dir, max(1, int(options.cpus))
-    )
-
-
 def wait_for_evaluations(evaluator: Any, *, last_step: int) -> dict[str, Any] | None:
     """Block until the checkpoint of ``last_step`` is evaluated; its result (None if it was
     never requested within ``GRACE_S``)."""

@@ -1,26 +1,11 @@
 """``raydiff ema --evaluate`` on Ray: reconstruct EMA lengths, then evaluate every one of them
-and the checkpoint's fixed-rate EMAs, and rank them.
+and the checkpoint's fixed-rate EMAs, and rank them (what is measured for which task, and what
+is written where: docs/posthoc_ema.md).
 
 What is measured comes from the run's task (:attr:`raydiff.train.task.TaskSpec.posthoc_sweep`):
-
-- ``samples`` (a diffusion model): ``--num-samples`` samples per weights
-  (:func:`raydiff.orchestrate.sampling.run_sampling`, the same seed for every weights, so the
-  lengths differ only in their weights), their FD, precision and recall against the val split in
-  an evaluator's features (:func:`raydiff.evaluate.samples_fid.run_fid`; ``--features`` or
-  Inception's with ``--inception``), and the val bits/dim of ``--num-images`` images
-  (:func:`raydiff.orchestrate.model_actor.run_bpd`); ranked by FD. An upsampler's samples
-  upsample the low-resolution versions of the first ``--num-samples`` val images (shrunk as in
-  training, written once to ``SWEEP/low_res/``), so its FD measures the upsampling of the val
-  split against the val split.
-- ``validation`` (a classifier): the task's own validation of the val split
-  (``Task.evaluate``: accuracy of x_t and at t = 0), one actor per weights at a time; ranked by
-  the task's first sweep objective.
-
-Every check runs before anything is reconstructed or written. Each weights' files go to
-``SWEEP/<weights>/``; the table, ``sweep.csv`` and ``sweep.png`` to the sweep's folder
-(:mod:`raydiff.evaluate.ema_sweep_report`); every weights' figures to the run's trackers at the
-checkpoint's step, as ``eval/ema_sweep/<weights>/<metric>`` (the weights share the step: each
-gets names of its own).
+a diffusion model's samples (FD, precision, recall; the same seed for every weights, so the
+lengths differ only in their weights) and val bits/dim, or a classifier's own validation. Every
+check runs before anything is reconstructed or written.
 """
 
 from __future__ import annotations
@@ -215,12 +200,43 @@ def _sampled(
 ) -> Iterator[dict[str, float | None]]:
     """Each row's figures in turn: its samples' and its val bits/dim."""
     from raydiff.evaluate.options import BpdOptions
+    from raydiff.evaluate.samples_fid import run_fid
     from raydiff.orchestrate.model_actor import run_bpd
+    from raydiff.orchestrate.sampling import run_sampling
+    from raydiff.sample.options import SampleOptions
 
+    suffix = "_classifier" if options.features else ""
+    keys = (plan.ranking.key, f"precision{suffix}", f"recall{suffix}")
     low_res = _write_low_res_inputs(plan, options) if plan.spec.low_res_input else None
     for row in rows:
         folder = plan.out / row.name
-        metrics = _sample_metrics(plan, options, row.name, folder, low_res=low_res, address=address)
+        # FD, precision and recall of options.num_samples samples of the row's weights (an
+        # upsampler's: of the low_res images).
+        samples = folder / "samples"
+        run_sampling(
+            SampleOptions(
+                checkpoint=str(plan.checkpoint),
+                weights=row.name,
+                num_samples=options.num_samples,
+                out=str(samples),
+                timestep_respacing=options.timestep_respacing,
+                use_ddim=options.use_ddim,
+                num_workers=options.num_workers,
+                seed=options.seed,
+                low_res=low_res,
+            ),
+            address=address,
+        )
+        fid = run_fid(
+            samples=str(samples),
+            reference=None,  # the run's dataset
+            split=plan.config.data.val_split,
+            inception=options.inception,
+            features=options.features,
+            out=str(folder / f"{plan.ranking.key}.json"),
+            track_in_run=False,
+        )
+        metrics = {key: fid.summary.get(key) for key in keys}
         bpd = run_bpd(
             BpdOptions(
                 checkpoint=str(plan.checkpoint),
@@ -258,50 +274,6 @@ def _write_low_res_inputs(plan: SweepPlan, options: EmaOptions) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomically(target, buffer.getvalue())
     return str(target)
-
-
-def _sample_metrics(
-    plan: SweepPlan,
-    options: EmaOptions,
-    weights: str,
-    folder: StoragePath,
-    *,
-    low_res: str | None,
-    address: str | None,
-) -> dict[str, float | None]:
-    """FD, precision and recall of ``options.num_samples`` samples of ``weights`` (an
-    upsampler's: of the ``low_res`` images)."""
-    from raydiff.evaluate.samples_fid import run_fid
-    from raydiff.orchestrate.sampling import run_sampling
-    from raydiff.sample.options import SampleOptions
-
-    samples = folder / "samples"
-    run_sampling(
-        SampleOptions(
-            checkpoint=str(plan.checkpoint),
-            weights=weights,
-            num_samples=options.num_samples,
-            out=str(samples),
-            timestep_respacing=options.timestep_respacing,
-            use_ddim=options.use_ddim,
-            num_workers=options.num_workers,
-            seed=options.seed,
-            low_res=low_res,
-        ),
-        address=address,
-    )
-    result = run_fid(
-        samples=str(samples),
-        reference=None,  # the run's dataset
-        split=plan.config.data.val_split,
-        inception=options.inception,
-        features=options.features,
-        out=str(folder / f"{plan.ranking.key}.json"),
-        track_in_run=False,
-    )
-    suffix = "_classifier" if options.features else ""
-    keys = (plan.ranking.key, f"precision{suffix}", f"recall{suffix}")
-    return {key: result.summary.get(key) for key in keys}
 
 
 class WeightsValidator:

@@ -134,7 +134,11 @@ class RunEventMetrics(ray.train.UserCallback):
         self._publish()
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
-        preempted = any(_preempted(error) for error in worker_exceptions.values())
+        # A worker's death with a preempted node: Ray Train's own test of a preemption.
+        preempted = any(
+            isinstance(error, RayActorError) and error.preempted
+            for error in worker_exceptions.values()
+        )
         if preempted and self._preempting:
             return  # the stopping group polled again
         self._preempting = preempted
@@ -147,11 +151,6 @@ class RunEventMetrics(ray.train.UserCallback):
             self._gauges = {name: _gauge(name, text, tags) for name, text in RUN_EVENTS.items()}
         for name, count in self.counts.items():
             self._gauges[name].set(float(count))
-
-
-def _preempted(error: Exception) -> bool:
-    """Whether a worker's error is its death with a preempted node (Ray Train's own test)."""
-    return isinstance(error, RayActorError) and error.preempted
 
 
 def _gauge(name: str, description: str, tags: dict[str, str]) -> Gauge:

@@ -5,18 +5,8 @@ load_sweep`) under ``tune.Tuner`` in Train V2 style: the trainable is a small fu
 builds the trial's config and calls :func:`raydiff.orchestrate.training_job.run_training_job`, whose
 workers' reports reach Tune through :class:`EvaluationRelay`. ``resume_sweep(output_dir)``
 continues an interrupted one with ``Tuner.restore``; finished and failed trials are not re-run,
-and an interrupted trial continues its own run from its newest checkpoint.
-
-The sweep folder::
-
-    sweep.yaml, base_config.yaml     the sweep as run (what --resume reads)
-    trials/<trial>/                  each trial's training run: checkpoints, samples,
-                                     tensorboard/ (tensorboard --logdir DIR/trials), config.json,
-                                     trial.json (Tune's trial id, its values, start time)
-    tune/                            Ray Tune's experiment state
-    results.csv, best_config.yaml    written when every trial has ended
-    tracking.json                    the sweep's parent runs in MLflow / W&B (tracking.backend;
-                                     each trial's run is their child)
+and an interrupted trial continues its own run from its newest checkpoint. The sweep folder's
+layout: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -155,10 +145,10 @@ class SweepOutcome:
     stopped_by: str
     """The signal that interrupted the sweep ("SIGINT": Ctrl-C, or "SIGTERM"); read when
     ``interrupted``."""
-    results_csv: StoragePath | None
-    best_config: StoragePath | None
-    best_checkpoint: str | None
     tensorboard_dir: StoragePath
+    results_csv: StoragePath | None = None
+    best_config: StoragePath | None = None
+    best_checkpoint: str | None = None
 
 
 def number_of_trial_dir(name: str) -> int:
@@ -477,9 +467,6 @@ def _run(
         table=table,
         interrupted=interrupted,
         stopped_by=stopped.name,
-        results_csv=None,
-        best_config=None,
-        best_checkpoint=None,
         tensorboard_dir=out / TRIALS_DIR,
     )
     if interrupted:

@@ -175,10 +175,17 @@ def _train_on_ray(
     if config.evaluation.every_checkpoint:
         from raydiff.orchestrate.checkpoint_eval import (
             CheckpointEvaluationCallback,
-            start_evaluator,
+            CheckpointEvaluator,
         )
 
-        evaluator = start_evaluator(config, run_dir=out)
+        # On evaluation.cpus CPUs (a GPU on a GPU run). A run folder under a URI travels with
+        # its filesystem (the driver's credentials included).
+        resources: dict[str, float] = {"num_cpus": config.evaluation.cpus}
+        if config.scaling.use_gpu:
+            resources = {"num_cpus": 1, "num_gpus": 1}
+        evaluator = CheckpointEvaluator.options(**resources).remote(
+            config, out, max(1, int(config.evaluation.cpus))
+        )
         callbacks.append(CheckpointEvaluationCallback(evaluator))
     if start.checkpoint is not None:
         logger.info("continuing from %s (step %d)", start.checkpoint, start.progress.get("step", 0))

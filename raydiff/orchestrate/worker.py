@@ -51,7 +51,24 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         num_val_images=loop_config["num_val_images"],
         cached_train=loop_config["cached_train"],
     )
-    _configure_logging(runtime.rank, verbose=loop_config["verbose"])
+    # raydiff's loggers rank-prefixed, INFO on rank 0 and WARNING elsewhere. Ray's console
+    # output is set for the whole job by raydiff.orchestrate.ray_session (Ray Train's own
+    # ray.train logs follow the run's LoggingConfig), not here.
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        logging.Formatter(f"%(asctime)s [rank {runtime.rank}] %(name)s: %(message)s")
+    )
+    package = logging.getLogger("raydiff")
+    package.handlers[:] = [handler]
+    package.setLevel(logging.INFO if runtime.is_main else logging.WARNING)
+    package.propagate = False
+    if not loop_config["verbose"]:
+        # Ray's INFO lines of this process, through its public loggers: Ray Train logs every
+        # report of every rank under a logger named after its source file, which reaches the
+        # root logger; the validation split is executed here, by every rank ("Starting
+        # execution of Dataset"; Ray Data set its logger's level on import, done by now).
+        for name in ("", "ray.data"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     make_task = loop_config["make_task"] or task_of_config
     return run_loop(config, runtime=runtime, output_dir=runtime.output_dir, make_task=make_task)
 
@@ -69,24 +86,3 @@ def request_shard_early(name: str) -> None:
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raydiff-shard-{name}")
     pool.submit(ray.train.get_dataset_shard, name)
     pool.shutdown(wait=False)
-
-
-def _configure_logging(rank: int, *, verbose: bool) -> None:
-    """raydiff's loggers rank-prefixed, INFO on rank 0 and WARNING elsewhere.
-
-    Ray's console output is set for the whole job by ``raydiff.orchestrate.ray_session`` (Ray
-    Train's own ``ray.train`` logs follow the run's ``LoggingConfig``), not here.
-    """
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(name)s: %(message)s"))
-    package = logging.getLogger("raydiff")
-    package.handlers[:] = [handler]
-    package.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    package.propagate = False
-    if not verbose:
-        # Ray's INFO lines of this process, through its public loggers: Ray Train logs every
-        # report of every rank under a logger named after its source file, which reaches the
-        # root logger; the validation split is executed here, by every rank ("Starting
-        # execution of Dataset"; Ray Data set its logger's level on import, done by now).
-        for name in ("", "ray.data"):
-            logging.getLogger(name).setLevel(logging.WARNING)
