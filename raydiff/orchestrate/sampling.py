@@ -1,12 +1,9 @@
-"""``raydiff sample`` on Ray: fixed batches of sample indices spread over sampler actors.
+"""``raydiff sample`` on Ray: fixed batches of sample indices spread over model actors
+(:mod:`raydiff.orchestrate.model_actor`: the same images on 1 or N workers).
 
 The driver checks everything first (the checkpoint, the weights asked for, the flags, the
-options) by loading the model itself, puts its weights in the object store once, and starts
-``num_workers`` :class:`raydiff.orchestrate.model_actor.ModelActor` s (one CPU each, or one GPU
-each). Batches ``[kB, (k+1)B)``
-go to whichever actor is free (``ray.util.ActorPool``); sample ``i`` depends only on
-``(seed, i)`` (:mod:`raydiff.sample.generate`), so the images are the same on 1 or N workers.
-The driver writes improved-diffusion's ``samples_NxHxWxC.npz``, one PNG per sample and a grid.
+options) by loading the model itself, and writes improved-diffusion's ``samples_NxHxWxC.npz``,
+one PNG per sample and a grid.
 """
 
 from __future__ import annotations

@@ -189,7 +189,25 @@ def _train_on_ray(
         callbacks.append(CheckpointEvaluationCallback(evaluator))
     if start.checkpoint is not None:
         logger.info("continuing from %s (step %d)", start.checkpoint, start.progress.get("step", 0))
-    datasets = _datasets(config, manifest=manifest, start=start, cached_splits=cached_splits)
+    from raydiff.data.pipeline import build_datasets
+
+    # A resumed run's data pipeline starts at the checkpoint's epoch (its block order included);
+    # the workers then skip the part of that epoch already trained on.
+    datasets = build_datasets(
+        config.data,
+        manifest=manifest,
+        epoch_offset=start.progress.get("epoch", 0),
+        cached=cached_splits,
+    )
+    num_val_images = 0
+    if "val" in datasets:
+        # Every rank reads these rows and evaluates its slice of them (RayRuntime.val_batches):
+        # the same images at every evaluation and for any worker count, and no streaming-split
+        # coordinator process for a split this small. All of the split when it holds fewer
+        # (said once, at the start, by the loop).
+        datasets["val"] = datasets["val"].limit(config.train.eval_num_images)
+        val_rows = manifest.splits[config.data.val_split].num_rows
+        num_val_images = min(config.train.eval_num_images, val_rows)
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:
         from raydiff.orchestrate.loss_history_actor import get_or_create_actor
@@ -202,7 +220,7 @@ def _train_on_ray(
         out=out,
         start=start,
         datasets=datasets,
-        num_val_images=num_val_images(config, manifest=manifest) if "val" in datasets else 0,
+        num_val_images=num_val_images,
         callbacks=callbacks,
         make_task=make_task,
     )
@@ -240,38 +258,6 @@ def _train_on_ray(
         metrics["checkpoint"] = str(out / Path(result.checkpoint.path).name)
     metrics["output_dir"] = str(out)
     return metrics
-
-
-def _datasets(
-    config: ExperimentConfig,
-    *,
-    manifest: Manifest,
-    start: StartPoint,
-    cached_splits: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The run's Ray datasets: ``train``, and ``val`` limited to the images evaluated."""
-    from raydiff.data.pipeline import build_datasets
-
-    # A resumed run's data pipeline starts at the checkpoint's epoch (its block order included);
-    # the workers then skip the part of that epoch already trained on.
-    datasets = build_datasets(
-        config.data,
-        manifest=manifest,
-        epoch_offset=start.progress.get("epoch", 0),
-        cached=cached_splits,
-    )
-    if "val" in datasets:
-        # Every rank reads these rows and evaluates its slice of them (RayRuntime.val_batches):
-        # the same images at every evaluation and for any worker count, and no streaming-split
-        # coordinator process for a split this small.
-        datasets["val"] = datasets["val"].limit(config.train.eval_num_images)
-    return datasets
-
-
-def num_val_images(config: ExperimentConfig, *, manifest: Manifest) -> int:
-    """The validation images a run evaluates: the first ``train.eval_num_images`` of the val
-    split, all of it when it holds fewer (said once, at the start, by the loop)."""
-    return min(config.train.eval_num_images, manifest.splits[config.data.val_split].num_rows)
 
 
 def _torch_trainer(
