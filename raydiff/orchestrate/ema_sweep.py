@@ -114,7 +114,16 @@ def plan_sweep(options: EmaOptions) -> SweepPlan:
     if spec.posthoc_sweep == "samples":
         ranking = _check_sampling(options, config)
     else:
-        _refuse_sampling_flags(options, config)
+        flags = (
+            ("--features", options.features),
+            ("--inception", options.inception),
+            ("--num-samples", options.num_samples),
+        )
+        if given := [name for name, value in flags if value]:
+            raise UserInputError(
+                f"{' / '.join(given)}: the run is train.task={config.train.task}, whose sweep "
+                "measures no samples (see docs/posthoc_ema.md): leave them out"
+            )
         key = spec.objectives[0]
         ranking = Ranking(key=key, mode=spec.metric(key).objective or "min")
     out = as_location(options.out) if options.out else run / POSTHOC_DIR / f"sweep_{step:07d}"
@@ -176,23 +185,6 @@ def _check_sampling(options: EmaOptions, config: ExperimentConfig) -> Ranking:
     if not as_location(options.inception).is_file():
         raise UserInputError(f"--inception {options.inception}: no such file")
     return Ranking(key="fid", mode="min")
-
-
-def _refuse_sampling_flags(options: EmaOptions, config: ExperimentConfig) -> None:
-    given = [
-        name
-        for name, value in (
-            ("--features", options.features),
-            ("--inception", options.inception),
-            ("--num-samples", options.num_samples),
-        )
-        if value
-    ]
-    if given:
-        raise UserInputError(
-            f"{' / '.join(given)}: the run is train.task={config.train.task}, whose sweep "
-            "measures no samples (see docs/posthoc_ema.md): leave them out"
-        )
 
 
 def _sampled(

@@ -1,13 +1,10 @@
-"""raydiff's training metrics on Ray's metrics system: the dashboard's Metrics view and Prometheus.
+"""raydiff's training metrics on Ray's metrics system: the dashboard's Metrics view and Prometheus
+(docs/operations.md).
 
 Rank 0's ``RayRuntime.report`` hands every report of the loop (``raydiff.train.loop``) to
 :class:`TrainingMetrics`, which sets one ``ray.util.metrics.Gauge`` per figure, tagged with the
-run's name (``run``). Ray's metrics agent on each node serves them at
-``http://NODE:METRICS_EXPORT_PORT/metrics`` (``ray.nodes()[i]["MetricsExportPort"]``) with Ray's
-``ray_`` namespace in front: ``raydiff_loss`` is scraped as ``ray_raydiff_loss{run="..."}``. The
-agent exports every few seconds, and a gauge keeps its last value after the run ends.
-
-Every figure is a gauge, the counts included: ``step`` and ``skipped_steps`` are the run's totals,
+run's name (``run``); Ray's metrics agent exports them with Ray's ``ray_`` prefix in front. Every
+figure is a gauge, the counts included: ``step`` and ``skipped_steps`` are the run's totals,
 restored from its checkpoint when it resumes, while a Ray counter is per worker process and would
 start again from zero in a restarted worker group.
 

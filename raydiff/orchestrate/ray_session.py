@@ -128,13 +128,9 @@ def _setup_hook() -> str:
 
 
 def skip_ray_noise() -> None:
-    """Have this process's Ray leave :data:`RAY_NOISE` out when it prints its workers' output.
-
-    Through ``RAY_DEDUP_LOGS_SKIP_REGEX`` (documented under Ray's log deduplication), which Ray
-    reads when it is imported: the command line calls this first, and where Ray is imported
-    already it does nothing. A pattern the user set is kept, ours added to it. ``raydiff -v``
-    (or ``RAY_DEDUP_LOGS=0``, which turns Ray's deduplication off) leaves the lines in.
-    """
+    """Have this process's Ray leave :data:`RAY_NOISE` out when it prints its workers' output,
+    through ``RAY_DEDUP_LOGS_SKIP_REGEX``, which Ray reads when it is imported (so the command
+    line calls this first; a no-op once Ray is imported). A pattern the user set is kept."""
     if verbose() or "ray" in sys.modules:
         return
     ours = "|".join(RAY_NOISE)

@@ -151,11 +151,6 @@ class SweepOutcome:
     best_checkpoint: str | None = None
 
 
-def number_of_trial_dir(name: str) -> int:
-    """``t0004_lr-0.001`` -> 4 (see :func:`raydiff.sweep.spec.trial_run_name`)."""
-    return int(name.partition("_")[0][1:])
-
-
 def _display_values(dims: tuple[SearchDimension, ...], params: dict[str, Any]) -> dict[str, Any]:
     return {d.key: params[d.field] for d in dims if d.field in params}
 
@@ -184,7 +179,8 @@ def run_trial(
     ``run_training_job`` into ``trials_dir/<name>``."""
     # The driver named the trial's Tune folder (trial_run_name); its run folder is named alike.
     name = Path(tune.get_context().get_trial_dir()).name
-    config = loaded.trial_config(params, trial_number=number_of_trial_dir(name))
+    number = int(name.partition("_")[0][1:])  # t0004_lr-0.001 -> 4
+    config = loaded.trial_config(params, trial_number=number)
     run_dir = trials_dir / name
     run_dir.mkdir(parents=True, exist_ok=True)
     # Which trial this run is, and when it (last) started.

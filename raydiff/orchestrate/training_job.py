@@ -50,9 +50,6 @@ def with_absolute_data_dir(config: ExperimentConfig) -> ExperimentConfig:
     return dataclasses.replace(config, data=data)
 
 
-RUN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-
-
 def dataset_config(data: DataConfig, *, split_train: bool = True) -> ray.train.DataConfig:
     """How Ray Train hands a run's datasets to its workers: ``train`` (when streamed,
     ``split_train``) streaming-split into equal shards, ``val`` (the first ``eval_num_images``
@@ -97,7 +94,7 @@ def run_training_job(
     config = with_absolute_data_dir(config)  # workers chdir into their run folder
     out = resolve_location(output_dir)  # an absolute local path, or a URI (raydiff.storage)
     resume_path = resolve_location(resume) if resume else None
-    if not RUN_NAME.fullmatch(out.name):
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", out.name):
         # Ray Train stores the run under storage_path/name: a sanitised name would put the
         # checkpoints in another folder than the one every other file (and resume) uses.
         raise UserInputError(
