@@ -51,10 +51,9 @@ def with_absolute_data_dir(config: ExperimentConfig) -> ExperimentConfig:
 
 
 def dataset_config(data: DataConfig, *, split_train: bool = True) -> ray.train.DataConfig:
-    """How Ray Train hands a run's datasets to its workers: ``train`` (when streamed,
-    ``split_train``) streaming-split into equal shards, ``val`` (the first ``eval_num_images``
-    rows) whole to every worker, both with the run's execution options (without them Train drops
-    ``preserve_order``)."""
+    """How Ray Train hands a run's datasets to its workers: ``train`` (when ``split_train``)
+    streaming-split into equal shards, ``val`` whole to every worker, both with the run's
+    execution options (without them Train drops ``preserve_order``)."""
     import ray.train
 
     from raydiff.data.pipeline import execution_options
@@ -141,9 +140,6 @@ def _train_on_ray(
     make_task: TaskFactory | None,
 ) -> dict[str, Any]:
     """:func:`run_training_job` once its checks passed and it holds the run folder."""
-    import ray
-    import ray.train
-
     # Join or start the run's Ray cluster (with room for the checkpoint evaluator), quiet.
     ensure_ray(
         address=address,
@@ -186,25 +182,6 @@ def _train_on_ray(
         callbacks.append(CheckpointEvaluationCallback(evaluator))
     if start.checkpoint is not None:
         logger.info("continuing from %s (step %d)", start.checkpoint, start.progress.get("step", 0))
-    from raydiff.data.pipeline import build_datasets
-
-    # A resumed run's data pipeline starts at the checkpoint's epoch (its block order included);
-    # the workers then skip the part of that epoch already trained on.
-    datasets = build_datasets(
-        config.data,
-        manifest=manifest,
-        epoch_offset=start.progress.get("epoch", 0),
-        cached=cached_splits,
-    )
-    num_val_images = 0
-    if "val" in datasets:
-        # Every rank reads these rows and evaluates its slice of them (RayRuntime.val_batches):
-        # the same images at every evaluation and for any worker count, and no streaming-split
-        # coordinator process for a split this small. All of the split when it holds fewer
-        # (said once, at the start, by the loop).
-        datasets["val"] = datasets["val"].limit(config.train.eval_num_images)
-        val_rows = manifest.splits[config.data.val_split].num_rows
-        num_val_images = min(config.train.eval_num_images, val_rows)
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:
         from raydiff.orchestrate.loss_history_actor import get_or_create_actor
@@ -216,11 +193,28 @@ def _train_on_ray(
         config,
         out=out,
         start=start,
-        datasets=datasets,
-        num_val_images=num_val_images,
+        manifest=manifest,
+        cached_splits=cached_splits,
         callbacks=callbacks,
         make_task=make_task,
     )
+    return _fit(trainer, config, out=out, evaluator=evaluator, actor_needed=actor_needed)
+
+
+def _fit(
+    trainer: ray.train.torch.TorchTrainer,
+    config: ExperimentConfig,
+    *,
+    out: StoragePath,
+    evaluator: Any,
+    actor_needed: bool,
+) -> dict[str, Any]:
+    """Run ``trainer``: rank 0's final metrics, the checkpoint evaluations, the last checkpoint
+    and the run; a failure or a stop said as where the run stands. The run's actors go at the
+    end, however it ends."""
+    import ray
+    import ray.train
+
     max_failures = config.scaling.max_failures
     stopped = StopSignal()
     try:
@@ -247,7 +241,6 @@ def _train_on_ray(
             kill_actor(out)
         if evaluator is not None:
             ray.kill(evaluator)
-    # Rank 0's final metrics, the checkpoint evaluations, the last checkpoint and the run.
     metrics = dict(result.return_value or {})
     if evaluation is not None:
         metrics["evaluation"] = evaluation
@@ -262,8 +255,8 @@ def _torch_trainer(
     *,
     out: StoragePath,
     start: StartPoint,
-    datasets: dict[str, Any],
-    num_val_images: int,
+    manifest: Manifest,
+    cached_splits: dict[str, Any] | None,
     callbacks: list[Any],
     make_task: TaskFactory | None,
 ) -> ray.train.torch.TorchTrainer:
@@ -273,13 +266,29 @@ def _torch_trainer(
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from raydiff.data.cached_split import CachedSplit
+    from raydiff.data.pipeline import build_datasets
     from raydiff.orchestrate.worker import train_loop_per_worker
 
+    # A resumed run's data pipeline starts at the checkpoint's epoch (its block order included);
+    # the workers then skip the part of that epoch already trained on.
+    datasets = build_datasets(
+        config.data,
+        manifest=manifest,
+        epoch_offset=start.progress.get("epoch", 0),
+        cached=cached_splits,
+    )
+    num_val_images = 0
+    if "val" in datasets:
+        # Every rank reads these rows (all of the split when it holds fewer) and evaluates its
+        # slice of them (RayRuntime.val_batches): the same images at every evaluation and for
+        # any worker count, and no streaming-split coordinator for a split this small.
+        datasets["val"] = datasets["val"].limit(config.train.eval_num_images)
+        val_rows = manifest.splits[config.data.val_split].num_rows
+        num_val_images = min(config.train.eval_num_images, val_rows)
     scaling = config.scaling
     storage_path, filesystem = ray_storage(out.parent)
-    cached_train = datasets.get("train")
-    if not isinstance(cached_train, CachedSplit):
-        cached_train = None
+    train = datasets.get("train")
+    cached_train = train if isinstance(train, CachedSplit) else None
     ray_datasets = {name: d for name, d in datasets.items() if not isinstance(d, CachedSplit)}
     return TorchTrainer(
         train_loop_per_worker,

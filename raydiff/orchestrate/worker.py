@@ -3,9 +3,8 @@
 This module imports no torch, on purpose: the driver (a sweep's trial too) pickles the function
 by reference, so importing this module is all it costs there. Ray Train's ``TorchConfig`` has
 set up the run's process group (gloo, or NCCL on the worker's GPU) before the function starts;
-the function first asks for the training split's shard (:func:`request_shard_early`), then
-builds the model. The loop's runtime on a worker is
-:class:`raydiff.orchestrate.ray_runtime.RayRuntime`.
+the function first asks for the training split's shard (in the background), then builds the
+model. The loop's runtime on a worker is :class:`raydiff.orchestrate.ray_runtime.RayRuntime`.
 """
 
 from __future__ import annotations
@@ -36,7 +35,15 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     """
     config: ExperimentConfig = loop_config["config"]
     if "train" in loop_config["datasets"]:
-        request_shard_early("train")
+        # The first request of a streaming-split dataset makes Ray Data start the split's
+        # coordinator, a new actor process (1.5-3 s here before its first batch): asked for now,
+        # in a background thread, it comes up while this worker imports the training modules
+        # and builds the model. Ray Train keeps the shard: the loop's own get_dataset_shard
+        # gets the same iterator (waiting for this request if still under way), and a failure
+        # shows there, in the loop.
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raydiff-shard-train")
+        pool.submit(ray.train.get_dataset_shard, "train")
+        pool.shutdown(wait=False)
     from raydiff.orchestrate.ray_runtime import RayRuntime  # the model's modules: seconds
     from raydiff.train.loop import run_loop
     from raydiff.train.tasks import task_of_config
@@ -71,18 +78,3 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
             logging.getLogger(name).setLevel(logging.WARNING)
     make_task = loop_config["make_task"] or task_of_config
     return run_loop(config, runtime=runtime, output_dir=runtime.output_dir, make_task=make_task)
-
-
-def request_shard_early(name: str) -> None:
-    """Ask Ray Train for this worker's shard of dataset ``name`` in a background thread.
-
-    The first request of a streaming-split dataset makes Ray Data start the split's coordinator,
-    a new actor process (1.5-3 s here before its first batch); asked for at the start of the
-    train function, it comes up while this worker imports raydiff's training modules and builds
-    the model instead of after. Ray Train keeps the shard, so the loop's own ``get_dataset_shard`` call later gets
-    the same iterator (waiting for this request if it is still under way), and a failure shows
-    there, in the loop.
-    """
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raydiff-shard-{name}")
-    pool.submit(ray.train.get_dataset_shard, name)
-    pool.shutdown(wait=False)
