@@ -260,8 +260,8 @@ def _torch_trainer(
     callbacks: list[Any],
     make_task: TaskFactory | None,
 ) -> ray.train.torch.TorchTrainer:
-    """Ray Train's ``TorchTrainer`` for the run: Ray's ``TorchConfig`` sets up the process group
-    (gloo on CPU, NCCL with ``scaling.use_gpu``, each worker on its own GPU)."""
+    """Ray Train's ``TorchTrainer`` for the run and its datasets: Ray's ``TorchConfig`` sets up the
+    process group (gloo on CPU, NCCL with ``scaling.use_gpu``, each worker on its own GPU)."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
