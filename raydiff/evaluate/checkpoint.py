@@ -93,7 +93,7 @@ def _evaluate(
     from raydiff.sample.load import load_sampling_model
 
     loaded = load_sampling_model(checkpoint)
-    # A GPU run's evaluator holds a GPU (start_evaluator): sample and bound there.
+    # A GPU run's evaluator holds a GPU (raydiff.orchestrate.training_job): sample and bound there.
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     loaded.model.to(device)
     config = loaded.config

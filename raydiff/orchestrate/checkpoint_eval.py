@@ -1,12 +1,11 @@
-"""Evaluate each new checkpoint while the run trains, on a Ray actor beside the workers.
+"""Evaluate each new checkpoint while the run trains, on a Ray actor beside the workers
+(docs/evaluation.md).
 
-The driver starts one :class:`CheckpointEvaluator` per run (``evaluation.cpus`` CPUs, or a GPU
-on a GPU run) and gives Ray Train a :class:`CheckpointEvaluationCallback`: the Train controller
-calls it after every report, and for a report with a checkpoint it queues that checkpoint on the
-evaluator and returns at once, so training never waits for an evaluation. The evaluator works
-through the queue in order (``raydiff.evaluate.checkpoint``); when ``fit()`` returns, the driver
-waits for the last checkpoint's evaluation before it ends (on a local instance, Ray goes down
-with the driver). A failed evaluation is logged and recorded; it never fails the run.
+Ray Train's controller calls :class:`CheckpointEvaluationCallback` after every report; it queues a
+reported checkpoint on the run's :class:`CheckpointEvaluator` and returns at once, so training
+never waits. When ``fit()`` returns, the driver waits for the last checkpoint's evaluation (on a
+local instance, Ray goes down with the driver). A failed evaluation is logged and recorded; it
+never fails the run.
 """
 
 from __future__ import annotations
@@ -95,18 +94,6 @@ class CheckpointEvaluationCallback(UserCallback):
         # Ray Train keeps the checkpoint in the run folder (a filesystem path, no URI scheme,
         # for a run under a URI): the evaluator finds it there by name.
         self.evaluator.evaluate.remote(PurePosixPath(checkpoint.path).name, step)
-
-
-def start_evaluator(config: ExperimentConfig, *, run_dir: StoragePath) -> Any:
-    """The run's evaluator actor, on ``evaluation.cpus`` CPUs (a GPU on a GPU run). A run folder
-    under a URI travels with its filesystem (the driver's credentials included)."""
-    options = config.evaluation
-    resources: dict[str, float] = {"num_cpus": options.cpus}
-    if config.scaling.use_gpu:
-        resources = {"num_cpus": 1, "num_gpus": 1}
-    return CheckpointEvaluator.options(**resources).remote(
-        config, run_dir, max(1, int(options.cpus))
-    )
 
 
 def wait_for_evaluations(evaluator: Any, *, last_step: int) -> dict[str, Any] | None:

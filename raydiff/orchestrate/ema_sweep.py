@@ -1,26 +1,11 @@
 """``raydiff ema --evaluate`` on Ray: reconstruct EMA lengths, then evaluate every one of them
-and the checkpoint's fixed-rate EMAs, and rank them.
+and the checkpoint's fixed-rate EMAs, and rank them (what is measured for which task, and what
+is written where: docs/posthoc_ema.md).
 
 What is measured comes from the run's task (:attr:`raydiff.train.task.TaskSpec.posthoc_sweep`):
-
-- ``samples`` (a diffusion model): ``--num-samples`` samples per weights
-  (:func:`raydiff.orchestrate.sampling.run_sampling`, the same seed for every weights, so the
-  lengths differ only in their weights), their FD, precision and recall against the val split in
-  an evaluator's features (:func:`raydiff.evaluate.samples_fid.run_fid`; ``--features`` or
-  Inception's with ``--inception``), and the val bits/dim of ``--num-images`` images
-  (:func:`raydiff.orchestrate.model_actor.run_bpd`); ranked by FD. An upsampler's samples
-  upsample the low-resolution versions of the first ``--num-samples`` val images (shrunk as in
-  training, written once to ``SWEEP/low_res/``), so its FD measures the upsampling of the val
-  split against the val split.
-- ``validation`` (a classifier): the task's own validation of the val split
-  (``Task.evaluate``: accuracy of x_t and at t = 0), one actor per weights at a time; ranked by
-  the task's first sweep objective.
-
-Every check runs before anything is reconstructed or written. Each weights' files go to
-``SWEEP/<weights>/``; the table, ``sweep.csv`` and ``sweep.png`` to the sweep's folder
-(:mod:`raydiff.evaluate.ema_sweep_report`); every weights' figures to the run's trackers at the
-checkpoint's step, as ``eval/ema_sweep/<weights>/<metric>`` (the weights share the step: each
-gets names of its own).
+a diffusion model's samples (FD, precision, recall; the same seed for every weights, so the
+lengths differ only in their weights) and val bits/dim, or a classifier's own validation. Every
+check runs before anything is reconstructed or written.
 """
 
 from __future__ import annotations
@@ -118,11 +103,27 @@ def plan_sweep(options: EmaOptions) -> SweepPlan:
     step = int(checkpoint.name.removeprefix("checkpoint_"))
     config = saved_config(checkpoint)
     spec = task_spec(config.train.task)
-    _check_val_split(config)
+    from raydiff.data.manifest import load_manifest
+
+    if not config.data.val_split:
+        raise UserInputError(
+            f"the run's data.val_split is empty: --evaluate measures every weights on the val "
+            f"split of {config.data.data_dir}"
+        )
+    load_manifest(config.data.data_dir).check_split(config.data.val_split, setting="data.val_split")
     if spec.posthoc_sweep == "samples":
         ranking = _check_sampling(options, config)
     else:
-        _refuse_sampling_flags(options, config)
+        flags = (
+            ("--features", options.features),
+            ("--inception", options.inception),
+            ("--num-samples", options.num_samples),
+        )
+        if given := [name for name, value in flags if value]:
+            raise UserInputError(
+                f"{' / '.join(given)}: the run is train.task={config.train.task}, whose sweep "
+                "measures no samples (see docs/posthoc_ema.md): leave them out"
+            )
         key = spec.objectives[0]
         ranking = Ranking(key=key, mode=spec.metric(key).objective or "min")
     out = as_location(options.out) if options.out else run / POSTHOC_DIR / f"sweep_{step:07d}"
@@ -186,44 +187,63 @@ def _check_sampling(options: EmaOptions, config: ExperimentConfig) -> Ranking:
     return Ranking(key="fid", mode="min")
 
 
-def _refuse_sampling_flags(options: EmaOptions, config: ExperimentConfig) -> None:
-    given = [
-        name
-        for name, value in (
-            ("--features", options.features),
-            ("--inception", options.inception),
-            ("--num-samples", options.num_samples),
-        )
-        if value
-    ]
-    if given:
-        raise UserInputError(
-            f"{' / '.join(given)}: the run is train.task={config.train.task}, whose sweep "
-            "measures no samples (see docs/posthoc_ema.md): leave them out"
-        )
-
-
-def _check_val_split(config: ExperimentConfig) -> None:
-    from raydiff.data.manifest import load_manifest
-
-    split = config.data.val_split
-    if not split:
-        raise UserInputError(
-            f"the run's data.val_split is empty: --evaluate measures every weights on the val "
-            f"split of {config.data.data_dir}"
-        )
-    load_manifest(config.data.data_dir).check_split(split, setting="data.val_split")
-
-
 def _sampled(
     plan: SweepPlan, options: EmaOptions, rows: list[SweepRow], *, address: str | None
 ) -> Iterator[dict[str, float | None]]:
     """Each row's figures in turn: its samples' and its val bits/dim."""
+    from raydiff.evaluate.options import BpdOptions
+    from raydiff.evaluate.samples_fid import run_fid
+    from raydiff.orchestrate.model_actor import run_bpd
+    from raydiff.orchestrate.sampling import run_sampling
+    from raydiff.sample.options import SampleOptions
+
+    suffix = "_classifier" if options.features else ""
+    keys = (plan.ranking.key, f"precision{suffix}", f"recall{suffix}")
     low_res = _write_low_res_inputs(plan, options) if plan.spec.low_res_input else None
     for row in rows:
         folder = plan.out / row.name
-        metrics = _sample_metrics(plan, options, row.name, folder, low_res=low_res, address=address)
-        metrics["val_bpd"] = _val_bpd(plan, options, row.name, folder, address=address)
+        # FD, precision and recall of options.num_samples samples of the row's weights (an
+        # upsampler's: of the low_res images).
+        samples = folder / "samples"
+        run_sampling(
+            SampleOptions(
+                checkpoint=str(plan.checkpoint),
+                weights=row.name,
+                num_samples=options.num_samples,
+                out=str(samples),
+                timestep_respacing=options.timestep_respacing,
+                use_ddim=options.use_ddim,
+                num_workers=options.num_workers,
+                seed=options.seed,
+                low_res=low_res,
+            ),
+            address=address,
+        )
+        fid = run_fid(
+            samples=str(samples),
+            reference=None,  # the run's dataset
+            split=plan.config.data.val_split,
+            inception=options.inception,
+            features=options.features,
+            out=str(folder / f"{plan.ranking.key}.json"),
+            track_in_run=False,
+        )
+        metrics = {key: fid.summary.get(key) for key in keys}
+        bpd = run_bpd(
+            BpdOptions(
+                checkpoint=str(plan.checkpoint),
+                weights=row.name,
+                split=plan.config.data.val_split,
+                num_images=options.num_images,
+                timestep_respacing=options.bpd_respacing,
+                num_workers=options.num_workers,
+                seed=options.seed,
+                out=str(folder),
+            ),
+            address=address,
+            track_in_run=False,
+        )
+        metrics["val_bpd"] = float(bpd.summary["bpd"])
         yield metrics
 
 
@@ -246,73 +266,6 @@ def _write_low_res_inputs(plan: SweepPlan, options: EmaOptions) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomically(target, buffer.getvalue())
     return str(target)
-
-
-def _sample_metrics(
-    plan: SweepPlan,
-    options: EmaOptions,
-    weights: str,
-    folder: StoragePath,
-    *,
-    low_res: str | None,
-    address: str | None,
-) -> dict[str, float | None]:
-    """FD, precision and recall of ``options.num_samples`` samples of ``weights`` (an
-    upsampler's: of the ``low_res`` images)."""
-    from raydiff.evaluate.samples_fid import run_fid
-    from raydiff.orchestrate.sampling import run_sampling
-    from raydiff.sample.options import SampleOptions
-
-    samples = folder / "samples"
-    run_sampling(
-        SampleOptions(
-            checkpoint=str(plan.checkpoint),
-            weights=weights,
-            num_samples=options.num_samples,
-            out=str(samples),
-            timestep_respacing=options.timestep_respacing,
-            use_ddim=options.use_ddim,
-            num_workers=options.num_workers,
-            seed=options.seed,
-            low_res=low_res,
-        ),
-        address=address,
-    )
-    result = run_fid(
-        samples=str(samples),
-        reference=None,  # the run's dataset
-        split=plan.config.data.val_split,
-        inception=options.inception,
-        features=options.features,
-        out=str(folder / f"{plan.ranking.key}.json"),
-        track_in_run=False,
-    )
-    suffix = "_classifier" if options.features else ""
-    keys = (plan.ranking.key, f"precision{suffix}", f"recall{suffix}")
-    return {key: result.summary.get(key) for key in keys}
-
-
-def _val_bpd(
-    plan: SweepPlan, options: EmaOptions, weights: str, folder: StoragePath, *, address: str | None
-) -> float:
-    from raydiff.evaluate.options import BpdOptions
-    from raydiff.orchestrate.model_actor import run_bpd
-
-    result = run_bpd(
-        BpdOptions(
-            checkpoint=str(plan.checkpoint),
-            weights=weights,
-            split=plan.config.data.val_split,
-            num_images=options.num_images,
-            timestep_respacing=options.bpd_respacing,
-            num_workers=options.num_workers,
-            seed=options.seed,
-            out=str(folder),
-        ),
-        address=address,
-        track_in_run=False,
-    )
-    return float(result.summary["bpd"])
 
 
 class WeightsValidator:

@@ -78,8 +78,21 @@ class LossHistoryActor:
         run_dir: StoragePath | None = None,
         resume_checkpoint: StoragePath | None = None,
     ) -> None:
-        # Also what Ray re-runs, with these same arguments, when it restarts the actor.
-        self._restored_from, history = checkpointed_history(run_dir, resume_checkpoint)
+        # Also what Ray re-runs, with these same arguments, when it restarts the actor: the
+        # history of the newest complete checkpoint in run_dir, else of resume_checkpoint, else
+        # none (also when the checkpoint's sampler kept none: a uniform-sampler run).
+        source = latest_checkpoint(run_dir) if run_dir else None
+        if source is None and resume_checkpoint:
+            source = as_location(resume_checkpoint)
+        self._restored_from = source
+        history = None
+        if self._restored_from is not None:
+            with local_copy(self._restored_from / "trainer.pt") as trainer_file:  # a URI's: fetched
+                # mmap: only the sampler's tensors are read, not the optimiser state beside them.
+                state = torch.load(trainer_file, map_location="cpu", weights_only=True, mmap=True)
+                sampler_state = state.get("sampler", {})
+                if "loss_history" in sampler_state:
+                    history = {k: sampler_state[k].clone() for k in ("loss_history", "loss_counts")}
         self._sampler = history_sampler(num_timesteps, history)
         if self._restored_from is not None:
             logger.warning(
@@ -114,33 +127,6 @@ class LossHistoryActor:
             "pid": os.getpid(),
             "restored_from": None if self._restored_from is None else str(self._restored_from),
             "num_recorded": int(self._sampler.state_dict()["loss_counts"].sum()),
-        }
-
-
-def checkpointed_history(
-    run_dir: str | os.PathLike[str] | StoragePath | None,
-    resume_checkpoint: str | os.PathLike[str] | StoragePath | None = None,
-) -> tuple[StoragePath | None, dict[str, torch.Tensor] | None]:
-    """The checkpoint a (re)started actor takes its history from, and that history.
-
-    The newest complete checkpoint in ``run_dir``, else ``resume_checkpoint``, else none. The
-    history is ``None`` without a checkpoint or when the checkpoint's sampler kept none (a
-    uniform-sampler run).
-    """
-    source = latest_checkpoint(run_dir) if run_dir else None
-    if source is None and resume_checkpoint:
-        source = as_location(resume_checkpoint)
-    if source is None:
-        return None, None
-    with local_copy(source / "trainer.pt") as trainer_file:  # a run folder's URI: downloaded
-        # mmap: only the sampler's tensors are read, not the optimiser state next to them.
-        trainer_state = torch.load(trainer_file, map_location="cpu", weights_only=True, mmap=True)
-        sampler_state = trainer_state.get("sampler", {})
-        if "loss_history" not in sampler_state:
-            return source, None
-        return source, {
-            "loss_history": sampler_state["loss_history"].clone(),
-            "loss_counts": sampler_state["loss_counts"].clone(),
         }
 
 
@@ -190,13 +176,13 @@ def get_or_create_actor(
         namespace=ACTOR_NAMESPACE,
         get_if_exists=True,
         lifetime="detached",
-    ).remote(num_timesteps, resolve_location(run_dir), _actor_location(resume_checkpoint))
-
-
-def _actor_location(location: str | os.PathLike[str] | StoragePath | None) -> StoragePath | None:
-    """An absolute local path (the actor runs elsewhere), or a URI's path with its filesystem
-    (its credentials included: the actor may run where the environment has none)."""
-    return None if location is None else resolve_location(location)
+    ).remote(
+        num_timesteps,
+        # Absolute local paths (the actor runs elsewhere), or a URI's path with its filesystem
+        # (credentials included: the actor may run where the environment has none).
+        resolve_location(run_dir),
+        None if resume_checkpoint is None else resolve_location(resume_checkpoint),
+    )
 
 
 def kill_actor(run_dir: str | os.PathLike[str] | StoragePath, *, timeout_s: float = 30.0) -> None:

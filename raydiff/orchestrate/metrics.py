@@ -1,13 +1,10 @@
-"""raydiff's training metrics on Ray's metrics system: the dashboard's Metrics view and Prometheus.
+"""raydiff's training metrics on Ray's metrics system: the dashboard's Metrics view and Prometheus
+(docs/operations.md).
 
 Rank 0's ``RayRuntime.report`` hands every report of the loop (``raydiff.train.loop``) to
 :class:`TrainingMetrics`, which sets one ``ray.util.metrics.Gauge`` per figure, tagged with the
-run's name (``run``). Ray's metrics agent on each node serves them at
-``http://NODE:METRICS_EXPORT_PORT/metrics`` (``ray.nodes()[i]["MetricsExportPort"]``) with Ray's
-``ray_`` namespace in front: ``raydiff_loss`` is scraped as ``ray_raydiff_loss{run="..."}``. The
-agent exports every few seconds, and a gauge keeps its last value after the run ends.
-
-Every figure is a gauge, the counts included: ``step`` and ``skipped_steps`` are the run's totals,
+run's name (``run``); Ray's metrics agent exports them with Ray's ``ray_`` prefix in front. Every
+figure is a gauge, the counts included: ``step`` and ``skipped_steps`` are the run's totals,
 restored from its checkpoint when it resumes, while a Ray counter is per worker process and would
 start again from zero in a restarted worker group.
 
@@ -134,7 +131,11 @@ class RunEventMetrics(ray.train.UserCallback):
         self._publish()
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
-        preempted = any(_preempted(error) for error in worker_exceptions.values())
+        # A worker's death with a preempted node: Ray Train's own test of a preemption.
+        preempted = any(
+            isinstance(error, RayActorError) and error.preempted
+            for error in worker_exceptions.values()
+        )
         if preempted and self._preempting:
             return  # the stopping group polled again
         self._preempting = preempted
@@ -147,11 +148,6 @@ class RunEventMetrics(ray.train.UserCallback):
             self._gauges = {name: _gauge(name, text, tags) for name, text in RUN_EVENTS.items()}
         for name, count in self.counts.items():
             self._gauges[name].set(float(count))
-
-
-def _preempted(error: Exception) -> bool:
-    """Whether a worker's error is its death with a preempted node (Ray Train's own test)."""
-    return isinstance(error, RayActorError) and error.preempted
 
 
 def _gauge(name: str, description: str, tags: dict[str, str]) -> Gauge:

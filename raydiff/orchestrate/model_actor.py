@@ -27,7 +27,7 @@ from raydiff.errors import RunInterruptedError
 from raydiff.orchestrate.driver_signals import StopSignal, sigterm_as_ctrl_c
 
 if TYPE_CHECKING:
-    from raydiff.evaluate.bpd_job import BpdJob, BpdResult
+    from raydiff.evaluate.bpd_job import BpdResult
     from raydiff.evaluate.options import BpdOptions
     from raydiff.sample.classifier import Guidance
 
@@ -133,7 +133,9 @@ class ModelActor:
 
     def _step_fits(self, net: Any, batch: int) -> bool:
         """Whether one sampling step of ``batch`` samples runs within 90% of the GPU's free
-        memory (an out-of-memory error: it does not)."""
+        memory (an out-of-memory error: it does not): the model's forward (with an upsampler's
+        input, a class-conditional model's classes) and the classifier's gradient when guided;
+        zeros stand in for the images."""
         import torch
 
         torch.cuda.empty_cache()
@@ -141,31 +143,23 @@ class ModelActor:
         before = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         try:
-            self._one_step(net, batch)
+            x = torch.zeros((batch, *self.image_shape), device=self.device)
+            t = torch.zeros(batch, dtype=torch.long, device=self.device)
+            y = torch.zeros(batch, dtype=torch.long, device=self.device)
+            kwargs: dict[str, Any] = {}
+            if getattr(self.model, "num_classes", None) is not None:
+                kwargs["y"] = y
+            if self.low_res_size is not None:
+                size = (batch, self.image_shape[0], self.low_res_size, self.low_res_size)
+                kwargs["low_res"] = torch.zeros(size, device=self.device)
+            with torch.no_grad():
+                net(x, t, **kwargs)
+            if self.cond_fn is not None:
+                self.cond_fn(x, t, y=y)
         except torch.cuda.OutOfMemoryError:
             return False
         used = torch.cuda.max_memory_allocated(self.device) - before
         return used <= 0.9 * free
-
-    def _one_step(self, net: Any, batch: int) -> None:
-        """What one sampling step of ``batch`` samples computes: the model's forward (with an
-        upsampler's input, a class-conditional model's classes) and the classifier's gradient
-        when guided; zeros stand in for the images."""
-        import torch
-
-        x = torch.zeros((batch, *self.image_shape), device=self.device)
-        t = torch.zeros(batch, dtype=torch.long, device=self.device)
-        y = torch.zeros(batch, dtype=torch.long, device=self.device)
-        kwargs: dict[str, Any] = {}
-        if getattr(self.model, "num_classes", None) is not None:
-            kwargs["y"] = y
-        if self.low_res_size is not None:
-            size = (batch, self.image_shape[0], self.low_res_size, self.low_res_size)
-            kwargs["low_res"] = torch.zeros(size, device=self.device)
-        with torch.no_grad():
-            net(x, t, **kwargs)
-        if self.cond_fn is not None:
-            self.cond_fn(x, t, y=y)
 
     def sampling_model(self, mode: CompileMode) -> Any:
         """The model the sampling loop calls: compiled once per actor where ``mode``
@@ -254,14 +248,16 @@ def map_batches_in_order(
     batch's size as its result arrives."""
     from ray.util import ActorPool
 
-    call = functools.partial(_call, method, args, kwargs)
     by_start = {b.start: b for b in batches}
     values: dict[int, Any] = {}
     stopped = StopSignal()
     try:
         # ray.init replaced Python's SIGTERM handler with Ray's (a C++ stack trace, an abort).
         with sigterm_as_ctrl_c() as stopped:
-            for start, value in ActorPool(actors).map_unordered(call, batches):
+            calls = ActorPool(actors).map_unordered(
+                lambda actor, batch: getattr(actor, method).remote(batch, *args, **kwargs), batches
+            )
+            for start, value in calls:
                 values[start] = value
                 if progress is not None:
                     progress.update(len(by_start[start]))
@@ -276,13 +272,6 @@ def map_batches_in_order(
     return [values[b.start] for b in batches]
 
 
-def _call(
-    method: str, args: tuple[Any, ...], kwargs: dict[str, Any], actor: Any, batch: range
-) -> Any:
-    """``ActorPool``'s submit function for :func:`map_batches_in_order`."""
-    return getattr(actor, method).remote(batch, *args, **kwargs)
-
-
 def run_bpd(
     options: BpdOptions, *, address: str | None = None, track_in_run: bool = True
 ) -> BpdResult:
@@ -290,8 +279,12 @@ def run_bpd(
     checkpoint's model, every check first (:func:`raydiff.evaluate.bpd_job.prepare_bpd`), the
     images in fixed batches over model actors; ``track_in_run``: also in its run's trackers (a
     sweep of many weights logs its own)."""
+    from tqdm.auto import tqdm
+
+    from raydiff.evaluate.bpd import concatenate_terms
     from raydiff.evaluate.bpd_job import file_bpd_results, prepare_bpd
     from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console
+    from raydiff.sample.generate import index_batches
 
     job = prepare_bpd(options)  # every check before Ray starts
     ensure_ray(address=address, num_workers=options.num_workers, cpus_per_worker=1.0)
@@ -307,19 +300,7 @@ def run_bpd(
         options.num_workers,
     )
     start = time.monotonic()
-    terms = _bound_on_actors(job, options)
-    seconds = time.monotonic() - start
-    return file_bpd_results(job, options, terms=terms, seconds=seconds, track_in_run=track_in_run)
-
-
-def _bound_on_actors(job: BpdJob, options: BpdOptions) -> dict[str, np.ndarray]:
-    """Every term of the bound of every image, batches spread over ``options.num_workers``
-    model actors; in image order."""
-    from tqdm.auto import tqdm
-
-    from raydiff.evaluate.bpd import concatenate_terms
-    from raydiff.sample.generate import index_batches
-
+    # Every term of the bound of every image, batches spread over the model actors; in order.
     with (
         model_actors(
             job.loaded.config,
@@ -340,4 +321,6 @@ def _bound_on_actors(job: BpdJob, options: BpdOptions) -> dict[str, np.ndarray]:
             clip_denoised=options.clip_denoised,
             progress=bar,
         )
-    return concatenate_terms(parts)
+    terms = concatenate_terms(parts)
+    seconds = time.monotonic() - start
+    return file_bpd_results(job, options, terms=terms, seconds=seconds, track_in_run=track_in_run)

@@ -10,6 +10,7 @@ itself, no collective is involved.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import tempfile
 import time
@@ -109,7 +110,7 @@ class RayRuntime:
             rank=self.rank,
             seed=seed,
             refresh_interval=self.config.scaling.sampler_refresh_interval,
-            broadcast=_broadcast_from_rank0 if self.world_size > 1 else None,
+            broadcast=functools.partial(dist.broadcast, src=0) if self.world_size > 1 else None,
             resume_checkpoint=self.resume,
         )
         if fresh:
@@ -221,7 +222,3 @@ class RayRuntime:
         # drain deadline).
         while True:
             time.sleep(1.0)
-
-
-def _broadcast_from_rank0(tensor: torch.Tensor) -> None:
-    dist.broadcast(tensor, src=0)

@@ -1,36 +1,10 @@
 """A run's Ray session: join the cluster it is given or start a local instance, and keep Ray's own
-chatter off the console.
+chatter off the console (what is left out, and why: docs/training.md).
 
 Quiet is the default; ``raydiff -v`` (DEBUG on the ``raydiff`` logger) leaves Ray's console
-output as Ray makes it. Only Ray's public switches are used, and Ray's log files keep what they
-keep:
-
-- ``ray.init(logging_level=WARNING)``: the driver's ``ray`` logger drops Ray's INFO lines
-  ("Started a local Ray instance", the token-auth notice);
-- Ray Train's ``LoggingConfig(log_level="WARNING")`` (:func:`train_log_level`): no "[State
-  Transition]", "Attempting to start training worker group" on the console, while
-  ``logs/train/ray-train-sys-*.log`` keep every level;
-- the driver's ``ray.tune`` and ``ray.data`` loggers at WARNING (:func:`quiet_ray_console`): no
-  Tune banners, no "Starting execution of Dataset" for the splits the driver decodes (those
-  lines then stay out of the driver's ``ray-data.log`` too); each training worker does the same
-  for itself (``raydiff.orchestrate.worker``). Ray Data's lines from its own worker processes
-  (a split coordinator's) still print, as Ray Data makes them;
-- the job's ``worker_process_setup_hook`` (a documented ``runtime_env`` field) runs
-  :func:`quiet_ray_worker` in every Ray worker: deprecation and future warnings raised inside
-  Ray's own modules are ignored there, and the worker's cluster lookups are pinned to its own
-  cluster (:func:`pin_ray_address`);
-- the lines of :data:`RAY_NOISE` (Ray's, with nothing in them for the user to act on): the
-  command line sets Ray's documented ``RAY_DEDUP_LOGS_SKIP_REGEX`` before Ray is imported
-  (:func:`skip_ray_noise`), so the driver does not print them when Ray's workers write them, and
-  :func:`quiet_ray_console` filters them out of the driver's own Ray Data console handler;
-- the driver's ``tensorboardX`` logger at WARNING (:func:`quiet_ray_console`): Tune's
-  TensorBoard callback writes every reported metric, and tensorboardX announces at INFO each
-  name it renames (``val_acc@1`` -> ``val_acc_1``, ``ray/tune/...`` events under the sweep's
-  ``tune/``). raydiff's own TensorBoard events (the run's ``tensorboard/``) are not affected.
-
-Errors are untouched: a failing worker's traceback still comes back in the exception
-``fit()`` raises, and WARNING/ERROR records of Ray Train and Ray Data still print, Ray's
-ERROR lines from its workers (``core_worker.cc``) included, but for the one of :data:`RAY_NOISE`.
+output as Ray makes it. Only Ray's public switches are used (``ray.init(logging_level=...)``,
+``LoggingConfig``, ``RAY_DEDUP_LOGS_SKIP_REGEX``, the ``worker_process_setup_hook`` of the
+job's ``runtime_env``); Ray's log files keep what they keep, and errors are untouched.
 """
 
 from __future__ import annotations
@@ -45,9 +19,6 @@ import warnings
 from typing import Any
 
 logger = logging.getLogger(__name__)
-
-QUIET_HOOK = f"{__name__}.quiet_ray_worker"
-VERBOSE_HOOK = f"{__name__}.pin_ray_address"
 
 # Ray's console lines that a quiet run leaves out, as regular expressions over a line's text;
 # each says nothing its reader can act on. `raydiff -v` prints them.
@@ -102,18 +73,15 @@ def ensure_ray(
     )
 
 
-def report_capacity(
-    *, min_workers: int, cpus_per_worker: float, use_gpu: bool, extra_cpus: float = 0.0
-) -> bool:
-    """Say so, at start, when the cluster cannot hold ``min_workers`` training workers now
-    (with ``extra_cpus`` beside them): Ray Train then waits for nodes to join, logging nothing
+def report_capacity(*, min_workers: int, cpus_per_worker: float, use_gpu: bool) -> bool:
+    """Say so, at start, when the cluster cannot hold ``min_workers`` training workers now:
+    Ray Train then waits for nodes to join, logging nothing
     for a while, and a user would see a silent run. Returns whether they fit."""
     import ray
 
     total = ray.cluster_resources()
     key, each = ("GPU", 1.0) if use_gpu else ("CPU", cpus_per_worker)
-    have = total.get(key, 0.0) - (0.0 if use_gpu else extra_cpus)
-    fits = int(have // each + 1e-9)
+    fits = int(total.get(key, 0.0) // each + 1e-9)
     if fits >= min_workers:
         return True
     logger.warning(
@@ -136,7 +104,7 @@ def start_local_ray(*, num_cpus: int, **init_kwargs: Any) -> Any:
     import ray
 
     runtime_env = dict(init_kwargs.pop("runtime_env", None) or {})
-    runtime_env.setdefault("worker_process_setup_hook", setup_hook())
+    runtime_env.setdefault("worker_process_setup_hook", _setup_hook())
     return ray.init(address="local", num_cpus=num_cpus, runtime_env=runtime_env, **init_kwargs)
 
 
@@ -150,28 +118,19 @@ def ray_init_options() -> dict[str, Any]:
     # is an error, so a job that brings its own setup hook keeps it (and Ray's worker output).
     job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}"))
     if "worker_process_setup_hook" not in (job.get("runtime_env") or {}):
-        options["runtime_env"] = {"worker_process_setup_hook": setup_hook()}
+        options["runtime_env"] = {"worker_process_setup_hook": _setup_hook()}
     return options
 
 
-def setup_hook() -> str:
+def _setup_hook() -> str:
     """This run's ``worker_process_setup_hook``, as the module path Ray imports it by."""
-    return VERBOSE_HOOK if verbose() else QUIET_HOOK
-
-
-def train_log_level() -> str:
-    """Ray Train's console level (``ray.train.LoggingConfig``) for this run."""
-    return "INFO" if verbose() else "WARNING"
+    return f"{__name__}.{'pin_ray_address' if verbose() else 'quiet_ray_worker'}"
 
 
 def skip_ray_noise() -> None:
-    """Have this process's Ray leave :data:`RAY_NOISE` out when it prints its workers' output.
-
-    Through ``RAY_DEDUP_LOGS_SKIP_REGEX`` (documented under Ray's log deduplication), which Ray
-    reads when it is imported: the command line calls this first, and where Ray is imported
-    already it does nothing. A pattern the user set is kept, ours added to it. ``raydiff -v``
-    (or ``RAY_DEDUP_LOGS=0``, which turns Ray's deduplication off) leaves the lines in.
-    """
+    """Have this process's Ray leave :data:`RAY_NOISE` out when it prints its workers' output,
+    through ``RAY_DEDUP_LOGS_SKIP_REGEX``, which Ray reads when it is imported (so the command
+    line calls this first; a no-op once Ray is imported). A pattern the user set is kept."""
     if verbose() or "ray" in sys.modules:
         return
     ours = "|".join(RAY_NOISE)
@@ -203,21 +162,17 @@ def quiet_ray_console() -> None:
     # driver that reads no dataset.
     if "ray.data" in sys.modules:
         names.append("ray.data")
-        filter_ray_data_console()
+        # The ray.data logger does not propagate: RayNoiseFilter on its console handlers, once
+        # each; its log file (ray-data.log) keeps every line.
+        for handler in logging.getLogger("ray.data").handlers:
+            console = isinstance(handler, logging.StreamHandler) and not isinstance(
+                handler, logging.FileHandler
+            )
+            if console and not any(isinstance(f, RayNoiseFilter) for f in handler.filters):
+                handler.addFilter(RayNoiseFilter())
     for name in names:
         logging.getLogger(name).setLevel(logging.WARNING)
     ignore_ray_deprecations()
-
-
-def filter_ray_data_console() -> None:
-    """:class:`RayNoiseFilter` on the console handlers of the ``ray.data`` logger (which does
-    not propagate), once each; its log file (``ray-data.log``) keeps every line."""
-    for handler in logging.getLogger("ray.data").handlers:
-        console = isinstance(handler, logging.StreamHandler) and not isinstance(
-            handler, logging.FileHandler
-        )
-        if console and not any(isinstance(f, RayNoiseFilter) for f in handler.filters):
-            handler.addFilter(RayNoiseFilter())
 
 
 def pin_ray_address() -> None:

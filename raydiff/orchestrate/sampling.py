@@ -1,12 +1,9 @@
-"""``raydiff sample`` on Ray: fixed batches of sample indices spread over sampler actors.
+"""``raydiff sample`` on Ray: fixed batches of sample indices spread over model actors
+(:mod:`raydiff.orchestrate.model_actor`: the same images on 1 or N workers).
 
 The driver checks everything first (the checkpoint, the weights asked for, the flags, the
-options) by loading the model itself, puts its weights in the object store once, and starts
-``num_workers`` :class:`raydiff.orchestrate.model_actor.ModelActor` s (one CPU each, or one GPU
-each). Batches ``[kB, (k+1)B)``
-go to whichever actor is free (``ray.util.ActorPool``); sample ``i`` depends only on
-``(seed, i)`` (:mod:`raydiff.sample.generate`), so the images are the same on 1 or N workers.
-The driver writes improved-diffusion's ``samples_NxHxWxC.npz``, one PNG per sample and a grid.
+options) by loading the model itself, and writes improved-diffusion's ``samples_NxHxWxC.npz``,
+one PNG per sample and a grid.
 """
 
 from __future__ import annotations
@@ -99,7 +96,19 @@ def _sample(options: SampleOptions, loaded: SamplingModel, *, address: str | Non
     guidance, labels = _guidance_and_labels(options, loaded.config, low_res)
     ensure_ray(address=address, num_workers=options.num_workers, cpus_per_worker=1.0)
     quiet_ray_console()
-    _log_start(options, loaded, diffusion_config, guided=guidance is not None)
+    respacing = diffusion_config.timestep_respacing
+    logger.info(
+        "sampling %d images from %s (%s) on %d worker(s): %s%s%s, batches of %s, seed %d",
+        options.num_samples,
+        options.checkpoint,
+        loaded.weights.name,
+        options.num_workers,
+        "DDIM" if options.use_ddim else "ancestral",
+        f" respaced {respacing}" if respacing else "",
+        f", classifier guidance scale {options.classifier_scale}" if guidance else "",
+        options.batch_size or "the largest that fits",
+        options.seed,
+    )
     start = time.monotonic()
     samples, resolved = _samples_on_actors(
         options, loaded, diffusion_config, guidance, labels, low_res
@@ -168,28 +177,6 @@ def _guidance_and_classes(
             "--class-labels given, but the model is not class-conditional (and no --classifier)"
         )
     return guidance, num_classes
-
-
-def _log_start(
-    options: SampleOptions,
-    loaded: SamplingModel,
-    diffusion_config: DiffusionConfig,
-    *,
-    guided: bool,
-) -> None:
-    respacing = diffusion_config.timestep_respacing
-    logger.info(
-        "sampling %d images from %s (%s) on %d worker(s): %s%s%s, batches of %s, seed %d",
-        options.num_samples,
-        options.checkpoint,
-        loaded.weights.name,
-        options.num_workers,
-        "DDIM" if options.use_ddim else "ancestral",
-        f" respaced {respacing}" if respacing else "",
-        f", classifier guidance scale {options.classifier_scale}" if guided else "",
-        options.batch_size or "the largest that fits",
-        options.seed,
-    )
 
 
 def _samples_on_actors(

@@ -5,18 +5,8 @@ load_sweep`) under ``tune.Tuner`` in Train V2 style: the trainable is a small fu
 builds the trial's config and calls :func:`raydiff.orchestrate.training_job.run_training_job`, whose
 workers' reports reach Tune through :class:`EvaluationRelay`. ``resume_sweep(output_dir)``
 continues an interrupted one with ``Tuner.restore``; finished and failed trials are not re-run,
-and an interrupted trial continues its own run from its newest checkpoint.
-
-The sweep folder::
-
-    sweep.yaml, base_config.yaml     the sweep as run (what --resume reads)
-    trials/<trial>/                  each trial's training run: checkpoints, samples,
-                                     tensorboard/ (tensorboard --logdir DIR/trials), config.json,
-                                     trial.json (Tune's trial id, its values, start time)
-    tune/                            Ray Tune's experiment state
-    results.csv, best_config.yaml    written when every trial has ended
-    tracking.json                    the sweep's parent runs in MLflow / W&B (tracking.backend;
-                                     each trial's run is their child)
+and an interrupted trial continues its own run from its newest checkpoint. The sweep folder's
+layout: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -155,34 +145,10 @@ class SweepOutcome:
     stopped_by: str
     """The signal that interrupted the sweep ("SIGINT": Ctrl-C, or "SIGTERM"); read when
     ``interrupted``."""
-    results_csv: StoragePath | None
-    best_config: StoragePath | None
-    best_checkpoint: str | None
     tensorboard_dir: StoragePath
-
-
-class TrialNumbers:
-    """Numbers trials 0, 1, 2, ... in the order Tune creates them, the same after a resume.
-
-    Tune's trial ids are random with a search algorithm like Optuna, so the number (in the
-    trial's folder name, and what its seed derives from) is kept in ``trial_numbers.json`` in
-    the sweep folder. Tune calls this in the driver, one trial at a time.
-    """
-
-    def __init__(self, out: StoragePath) -> None:
-        self._file = out / "trial_numbers.json"
-
-    def __call__(self, trial_id: str) -> int:
-        numbers = json.loads(self._file.read_text()) if self._file.is_file() else {}
-        if trial_id not in numbers:
-            numbers[trial_id] = max(numbers.values(), default=-1) + 1
-            write_text_atomically(self._file, json.dumps(numbers, indent=1))
-        return numbers[trial_id]
-
-
-def number_of_trial_dir(name: str) -> int:
-    """``t0004_lr-0.001`` -> 4 (see :func:`raydiff.sweep.spec.trial_run_name`)."""
-    return int(name.partition("_")[0][1:])
+    results_csv: StoragePath | None = None
+    best_config: StoragePath | None = None
+    best_checkpoint: str | None = None
 
 
 def _display_values(dims: tuple[SearchDimension, ...], params: dict[str, Any]) -> dict[str, Any]:
@@ -209,11 +175,12 @@ def run_trial(
     cached_splits: dict[str, Any],
     tracking_parent: dict[str, Any],
 ) -> None:
-    """The Tune trainable (bound to its sweep by :func:`_trainable`): one trial = one
+    """The Tune trainable (bound to its sweep by :func:`_tuner`): one trial = one
     ``run_training_job`` into ``trials_dir/<name>``."""
     # The driver named the trial's Tune folder (trial_run_name); its run folder is named alike.
     name = Path(tune.get_context().get_trial_dir()).name
-    config = loaded.trial_config(params, trial_number=number_of_trial_dir(name))
+    number = int(name.partition("_")[0][1:])  # t0004_lr-0.001 -> 4
+    config = loaded.trial_config(params, trial_number=number)
     run_dir = trials_dir / name
     run_dir.mkdir(parents=True, exist_ok=True)
     # Which trial this run is, and when it (last) started.
@@ -234,26 +201,6 @@ def run_trial(
         tune.report({k: v for k, v in numbers.items() if not isinstance(v, bool)})
 
 
-def _trainable(
-    loaded: LoadedSweep,
-    *,
-    trials_dir: StoragePath,
-    manifest: Manifest,
-    cached_splits: dict[str, Any],
-    tracking_parent: dict[str, Any],
-) -> Any:
-    """:func:`run_trial` bound to this sweep, with a trial's resources."""
-    trial = functools.partial(
-        run_trial,
-        loaded=loaded,
-        trials_dir=trials_dir,
-        manifest=manifest,
-        cached_splits=cached_splits,
-        tracking_parent=tracking_parent,
-    )
-    return tune.with_resources(trial, {"CPU": TRIAL_DRIVER_CPUS})
-
-
 def _default_concurrency(loaded: LoadedSweep) -> int:
     """Trials that fit at once: the cluster's CPUs (GPUs) over one trial's training workers,
     leaving two CPUs for Ray Data; on a new local instance, this machine's cores."""
@@ -270,15 +217,25 @@ def _default_concurrency(loaded: LoadedSweep) -> int:
 
 
 class TrialDirName:
-    """A trial's name and folder name: its number (:class:`TrialNumbers`) and its values."""
+    """A trial's name and folder name: its number and its values.
+
+    Tune's trial ids are random with a search algorithm like Optuna, so the number (0, 1, 2,
+    ... in the order Tune creates the trials, the same after a resume; in the folder name, and
+    what the trial's seed derives from) is kept in ``trial_numbers.json`` in the sweep folder.
+    Tune calls this in the driver, one trial at a time.
+    """
 
     def __init__(self, out: StoragePath, dims: tuple[SearchDimension, ...]) -> None:
-        self._numbers = TrialNumbers(out)
+        self._file = out / "trial_numbers.json"
         self._dims = dims
 
     def __call__(self, trial: Any) -> str:
+        numbers = json.loads(self._file.read_text()) if self._file.is_file() else {}
+        if trial.trial_id not in numbers:
+            numbers[trial.trial_id] = max(numbers.values(), default=-1) + 1
+            write_text_atomically(self._file, json.dumps(numbers, indent=1))
         values = _display_values(self._dims, trial.config)
-        return trial_run_name(self._numbers(trial.trial_id), values)
+        return trial_run_name(numbers[trial.trial_id], values)
 
 
 def _tuner(
@@ -302,20 +259,23 @@ def _tuner(
     cached_splits = cache_splits(loaded.base_config.data, manifest=manifest)
     # The sweep's parent runs: created by its first start, found again by a resumed one.
     parent = start_parent_tracking(loaded.base_config, sweep_dir=out)
-    trainable = _trainable(
-        loaded,
+    # run_trial bound to this sweep, with a trial's resources.
+    trial = functools.partial(
+        run_trial,
+        loaded=loaded,
         trials_dir=trials_dir,
         manifest=manifest,
         cached_splits=cached_splits,
         tracking_parent=parent,
     )
+    trainable = tune.with_resources(trial, {"CPU": TRIAL_DRIVER_CPUS})
     if restore:
         # Finished and failed trials stay as they are; interrupted ones run again and continue
         # their own training run from its newest checkpoint.
         return tune.Tuner.restore(
             tune_path(out),
             trainable=trainable,
-            storage_filesystem=storage_filesystem(out),
+            storage_filesystem=ray_storage(out)[1],
             resume_unfinished=True,
             resume_errored=False,
             restart_errored=False,
@@ -337,7 +297,7 @@ def _tuner(
         run_config=tune.RunConfig(
             name=TUNE_DIR,
             storage_path=ray_storage(out)[0],
-            storage_filesystem=storage_filesystem(out),
+            storage_filesystem=ray_storage(out)[1],
             failure_config=tune.FailureConfig(max_failures=0),
             callbacks=[
                 TrialLifecycle(
@@ -393,14 +353,9 @@ def sweep_folder(flag: str, folder: str | Path) -> StoragePath:
     return out
 
 
-def storage_filesystem(out: StoragePath) -> Any:
-    """The pyarrow filesystem Tune keeps its state on: a URI's own (S3 configured from the
-    driver's environment, ``raydiff.storage``), or Tune's default for a local folder."""
-    return ray_storage(out)[1]
-
-
 def tune_path(out: StoragePath) -> str:
-    """Tune's experiment folder as Tune takes it (with :func:`storage_filesystem`)."""
+    """Tune's experiment folder as Tune takes it (with ``ray_storage(out)[1]``, the pyarrow
+    filesystem Tune keeps its state on: a URI's own, or Tune's default for a local folder)."""
     return ray_storage(out / TUNE_DIR)[0]
 
 
@@ -447,7 +402,7 @@ def resume_sweep(output_dir: str | Path, *, address: str | None = None) -> Sweep
         for name in (SWEEP_FILE, BASE_CONFIG_FILE):
             (Path(tmp) / name).write_text((out / name).read_text())
         loaded = load_sweep(Path(tmp) / SWEEP_FILE, manifest_for=load_manifest)
-    restore = tune.Tuner.can_restore(tune_path(out), storage_filesystem=storage_filesystem(out))
+    restore = tune.Tuner.can_restore(tune_path(out), storage_filesystem=ray_storage(out)[1])
     if not restore:
         logger.warning("no Tune state in %s yet: starting its trials afresh", out / TUNE_DIR)
     return _run(loaded, out=out, manifest=None, address=address, restore=restore)
@@ -491,7 +446,7 @@ def _run(
     # After Ctrl-C (or SIGTERM, turned into it) Tune stops the running trials and marks them
     # terminated in memory, as if they had finished; the state it saved for --resume still says
     # which had not.
-    analysis = tune.ExperimentAnalysis(tune_path(out), storage_filesystem=storage_filesystem(out))
+    analysis = tune.ExperimentAnalysis(tune_path(out), storage_filesystem=ray_storage(out)[1])
     saved = {Path(t.path).name: t.status for t in analysis.trials}
     unfinished = {name for name, status in saved.items() if status not in ("TERMINATED", "ERROR")}
     interrupted = bool(unfinished)
@@ -508,9 +463,6 @@ def _run(
         table=table,
         interrupted=interrupted,
         stopped_by=stopped.name,
-        results_csv=None,
-        best_config=None,
-        best_checkpoint=None,
         tensorboard_dir=out / TRIALS_DIR,
     )
     if interrupted:

@@ -21,7 +21,6 @@ from raydiff.orchestrate.ray_session import (
     ensure_ray,
     quiet_ray_console,
     report_capacity,
-    train_log_level,
     verbose,
 )
 from raydiff.storage import (
@@ -51,30 +50,10 @@ def with_absolute_data_dir(config: ExperimentConfig) -> ExperimentConfig:
     return dataclasses.replace(config, data=data)
 
 
-RUN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-
-
-def check_remote_output(out: StoragePath) -> None:
-    """What a run folder given as a URI (``raydiff.storage``) cannot be."""
-    if names_a_bucket(out):
-        raise UserInputError(
-            f"--output {out}: give the run a folder inside the bucket, e.g. {out}/runs/NAME"
-        )
-
-
-def storage_options(run_dir: StoragePath) -> dict[str, Any]:
-    """``RunConfig``'s storage arguments: Ray Train keeps the run (its checkpoints) in
-    ``run_dir``. A URI's filesystem is the driver's (S3 configured from its environment,
-    credentials included: ``raydiff.storage``); Train's controller and workers use it as is."""
-    path, filesystem = ray_storage(run_dir.parent)
-    return {"storage_path": path, "storage_filesystem": filesystem}
-
-
 def dataset_config(data: DataConfig, *, split_train: bool = True) -> ray.train.DataConfig:
-    """How Ray Train hands a run's datasets to its workers: ``train`` (when streamed,
-    ``split_train``) streaming-split into equal shards, ``val`` (the first ``eval_num_images``
-    rows) whole to every worker, both with the run's execution options (without them Train drops
-    ``preserve_order``)."""
+    """How Ray Train hands a run's datasets to its workers: ``train`` (when ``split_train``)
+    streaming-split into equal shards, ``val`` whole to every worker, both with the run's
+    execution options (without them Train drops ``preserve_order``)."""
     import ray.train
 
     from raydiff.data.pipeline import execution_options
@@ -114,7 +93,7 @@ def run_training_job(
     config = with_absolute_data_dir(config)  # workers chdir into their run folder
     out = resolve_location(output_dir)  # an absolute local path, or a URI (raydiff.storage)
     resume_path = resolve_location(resume) if resume else None
-    if not RUN_NAME.fullmatch(out.name):
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", out.name):
         # Ray Train stores the run under storage_path/name: a sanitised name would put the
         # checkpoints in another folder than the one every other file (and resume) uses.
         raise UserInputError(
@@ -122,7 +101,10 @@ def run_training_job(
             f"name and may only hold letters, digits, '_', '.' and '-' (e.g. "
             f"{re.sub(r'[^A-Za-z0-9_.-]', '-', out.name)!r})"
         )
-    check_remote_output(out)
+    if names_a_bucket(out):
+        raise UserInputError(
+            f"--output {out}: give the run a folder inside the bucket, e.g. {out}/runs/NAME"
+        )
     manifest = manifest or load_manifest(config.data.data_dir)
     start = plan_start(config, output_dir=out, resume=resume_path, manifest=manifest)
     if start.finished is not None:
@@ -158,23 +140,48 @@ def _train_on_ray(
     make_task: TaskFactory | None,
 ) -> dict[str, Any]:
     """:func:`run_training_job` once its checks passed and it holds the run folder."""
-    import ray
-    import ray.train
+    # Join or start the run's Ray cluster (with room for the checkpoint evaluator), quiet.
+    ensure_ray(
+        address=address,
+        num_workers=config.scaling.max_workers,
+        cpus_per_worker=config.scaling.cpus_per_worker,
+        extra_cpus=config.evaluation.cpus if config.evaluation.every_checkpoint else 0.0,
+    )
+    report_capacity(
+        min_workers=config.scaling.min_workers,
+        cpus_per_worker=config.scaling.cpus_per_worker,
+        use_gpu=config.scaling.use_gpu,
+    )
+    quiet_ray_console()
+    if not show_data_progress:
+        from ray.data import DataContext
 
-    _start_session(config, address=address, show_data_progress=show_data_progress)
-    callbacks = _controller_callbacks(callbacks, run_name=out.name)
+        # Ray Data's per-operator bars drown the training log; the dashboard shows them.
+        DataContext.get_current().enable_progress_bars = False
+    from raydiff.orchestrate.metrics import RunEventMetrics
+    from raydiff.orchestrate.repeated_failure import StopRepeatedFailure
+
+    # The run's failure and preemption gauges, then the stop on a repeated failure (it raises,
+    # so it comes last: the failure it ends the run on is counted too).
+    callbacks = [*(callbacks or []), RunEventMetrics(out.name), StopRepeatedFailure()]
     evaluator = None
     if config.evaluation.every_checkpoint:
         from raydiff.orchestrate.checkpoint_eval import (
             CheckpointEvaluationCallback,
-            start_evaluator,
+            CheckpointEvaluator,
         )
 
-        evaluator = start_evaluator(config, run_dir=out)
+        # On evaluation.cpus CPUs (a GPU on a GPU run). A run folder under a URI travels with
+        # its filesystem (the driver's credentials included).
+        resources: dict[str, float] = {"num_cpus": config.evaluation.cpus}
+        if config.scaling.use_gpu:
+            resources = {"num_cpus": 1, "num_gpus": 1}
+        evaluator = CheckpointEvaluator.options(**resources).remote(
+            config, out, max(1, int(config.evaluation.cpus))
+        )
         callbacks.append(CheckpointEvaluationCallback(evaluator))
     if start.checkpoint is not None:
         logger.info("continuing from %s (step %d)", start.checkpoint, start.progress.get("step", 0))
-    datasets = _datasets(config, manifest=manifest, start=start, cached_splits=cached_splits)
     actor_needed = config.train.schedule_sampler == "loss-second-moment"
     if actor_needed:
         from raydiff.orchestrate.loss_history_actor import get_or_create_actor
@@ -186,11 +193,28 @@ def _train_on_ray(
         config,
         out=out,
         start=start,
-        datasets=datasets,
-        num_val_images=num_val_images(config, manifest=manifest) if "val" in datasets else 0,
+        manifest=manifest,
+        cached_splits=cached_splits,
         callbacks=callbacks,
         make_task=make_task,
     )
+    return _fit(trainer, config, out=out, evaluator=evaluator, actor_needed=actor_needed)
+
+
+def _fit(
+    trainer: ray.train.torch.TorchTrainer,
+    config: ExperimentConfig,
+    *,
+    out: StoragePath,
+    evaluator: Any,
+    actor_needed: bool,
+) -> dict[str, Any]:
+    """Run ``trainer``: rank 0's final metrics, the checkpoint evaluations, the last checkpoint
+    and the run; a failure or a stop said as where the run stands. The run's actors go at the
+    end, however it ends."""
+    import ray
+    import ray.train
+
     max_failures = config.scaling.max_failures
     stopped = StopSignal()
     try:
@@ -217,42 +241,33 @@ def _train_on_ray(
             kill_actor(out)
         if evaluator is not None:
             ray.kill(evaluator)
-    return _final_metrics(result, evaluation=evaluation, out=out)
+    metrics = dict(result.return_value or {})
+    if evaluation is not None:
+        metrics["evaluation"] = evaluation
+    if result.checkpoint is not None:  # Ray's path is on the run's filesystem: name it in out
+        metrics["checkpoint"] = str(out / Path(result.checkpoint.path).name)
+    metrics["output_dir"] = str(out)
+    return metrics
 
 
-def _start_session(
-    config: ExperimentConfig, *, address: str | None, show_data_progress: bool
-) -> None:
-    """Join or start the run's Ray cluster (with room for the checkpoint evaluator), quiet."""
-    evaluate = config.evaluation.every_checkpoint
-    ensure_ray(
-        address=address,
-        num_workers=config.scaling.max_workers,
-        cpus_per_worker=config.scaling.cpus_per_worker,
-        extra_cpus=config.evaluation.cpus if evaluate else 0.0,
-    )
-    report_capacity(
-        min_workers=config.scaling.min_workers,
-        cpus_per_worker=config.scaling.cpus_per_worker,
-        use_gpu=config.scaling.use_gpu,
-    )
-    quiet_ray_console()
-    if not show_data_progress:
-        from ray.data import DataContext
-
-        # Ray Data's per-operator bars drown the training log; the dashboard shows them.
-        DataContext.get_current().enable_progress_bars = False
-
-
-def _datasets(
+def _torch_trainer(
     config: ExperimentConfig,
     *,
-    manifest: Manifest,
+    out: StoragePath,
     start: StartPoint,
+    manifest: Manifest,
     cached_splits: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The run's Ray datasets: ``train``, and ``val`` limited to the images evaluated."""
+    callbacks: list[Any],
+    make_task: TaskFactory | None,
+) -> ray.train.torch.TorchTrainer:
+    """Ray Train's ``TorchTrainer`` for the run and its datasets: Ray's ``TorchConfig`` sets up the
+    process group (gloo on CPU, NCCL with ``scaling.use_gpu``, each worker on its own GPU)."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from raydiff.data.cached_split import CachedSplit
     from raydiff.data.pipeline import build_datasets
+    from raydiff.orchestrate.worker import train_loop_per_worker
 
     # A resumed run's data pipeline starts at the checkpoint's epoch (its block order included);
     # the workers then skip the part of that epoch already trained on.
@@ -262,52 +277,18 @@ def _datasets(
         epoch_offset=start.progress.get("epoch", 0),
         cached=cached_splits,
     )
+    num_val_images = 0
     if "val" in datasets:
-        # Every rank reads these rows and evaluates its slice of them (RayRuntime.val_batches):
-        # the same images at every evaluation and for any worker count, and no streaming-split
-        # coordinator process for a split this small.
+        # Every rank reads these rows (all of the split when it holds fewer) and evaluates its
+        # slice of them (RayRuntime.val_batches): the same images at every evaluation and for
+        # any worker count, and no streaming-split coordinator for a split this small.
         datasets["val"] = datasets["val"].limit(config.train.eval_num_images)
-    return datasets
-
-
-def num_val_images(config: ExperimentConfig, *, manifest: Manifest) -> int:
-    """The validation images a run evaluates: the first ``train.eval_num_images`` of the val
-    split, all of it when it holds fewer (said once, at the start, by the loop)."""
-    return min(config.train.eval_num_images, manifest.splits[config.data.val_split].num_rows)
-
-
-def _controller_callbacks(callbacks: list[Any] | None, *, run_name: str) -> list[Any]:
-    """The caller's Ray Train callbacks, then raydiff's own: the run's failure and preemption
-    gauges, then the stop on a repeated failure (which raises, so it comes last: the failure it
-    ends the run on is counted too)."""
-    from raydiff.orchestrate.metrics import RunEventMetrics
-    from raydiff.orchestrate.repeated_failure import StopRepeatedFailure
-
-    return [*(callbacks or []), RunEventMetrics(run_name), StopRepeatedFailure()]
-
-
-def _torch_trainer(
-    config: ExperimentConfig,
-    *,
-    out: StoragePath,
-    start: StartPoint,
-    datasets: dict[str, Any],
-    num_val_images: int,
-    callbacks: list[Any],
-    make_task: TaskFactory | None,
-) -> ray.train.torch.TorchTrainer:
-    """Ray Train's ``TorchTrainer`` for the run: Ray's ``TorchConfig`` sets up the process group
-    (gloo on CPU, NCCL with ``scaling.use_gpu``, each worker on its own GPU)."""
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    from raydiff.data.cached_split import CachedSplit
-    from raydiff.orchestrate.worker import train_loop_per_worker
-
+        val_rows = manifest.splits[config.data.val_split].num_rows
+        num_val_images = min(config.train.eval_num_images, val_rows)
     scaling = config.scaling
-    cached_train = datasets.get("train")
-    if not isinstance(cached_train, CachedSplit):
-        cached_train = None
+    storage_path, filesystem = ray_storage(out.parent)
+    train = datasets.get("train")
+    cached_train = train if isinstance(train, CachedSplit) else None
     ray_datasets = {name: d for name, d in datasets.items() if not isinstance(d, CachedSplit)}
     return TorchTrainer(
         train_loop_per_worker,
@@ -334,31 +315,21 @@ def _torch_trainer(
         ),
         run_config=ray.train.RunConfig(
             name=out.name,
-            **storage_options(out),
+            # Ray Train keeps the run (its checkpoints) in out. A URI's filesystem is the
+            # driver's (S3 configured from its environment: raydiff.storage), used as is.
+            storage_path=storage_path,
+            storage_filesystem=filesystem,
             failure_config=ray.train.FailureConfig(
                 max_failures=scaling.max_failures,
                 max_preemption_failures=scaling.max_preemption_failures,
             ),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=scaling.checkpoints_to_keep),
-            logging_config=ray.train.LoggingConfig(log_level=train_log_level()),
+            logging_config=ray.train.LoggingConfig(log_level="INFO" if verbose() else "WARNING"),
             callbacks=callbacks,
         ),
         datasets=ray_datasets,
         dataset_config=dataset_config(config.data, split_train="train" in ray_datasets),
     )
-
-
-def _final_metrics(
-    result: ray.train.Result, *, evaluation: dict[str, Any] | None, out: StoragePath
-) -> dict[str, Any]:
-    """Rank 0's final metrics, the checkpoint evaluations, the last checkpoint and the run."""
-    metrics = dict(result.return_value or {})
-    if evaluation is not None:
-        metrics["evaluation"] = evaluation
-    if result.checkpoint is not None:  # Ray's path is on the run's filesystem: name it in out
-        metrics["checkpoint"] = str(out / Path(result.checkpoint.path).name)
-    metrics["output_dir"] = str(out)
-    return metrics
 
 
 def run_failed_error(

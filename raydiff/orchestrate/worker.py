@@ -3,9 +3,8 @@
 This module imports no torch, on purpose: the driver (a sweep's trial too) pickles the function
 by reference, so importing this module is all it costs there. Ray Train's ``TorchConfig`` has
 set up the run's process group (gloo, or NCCL on the worker's GPU) before the function starts;
-the function first asks for the training split's shard (:func:`request_shard_early`), then
-builds the model. The loop's runtime on a worker is
-:class:`raydiff.orchestrate.ray_runtime.RayRuntime`.
+the function first asks for the training split's shard (in the background), then builds the
+model. The loop's runtime on a worker is :class:`raydiff.orchestrate.ray_runtime.RayRuntime`.
 """
 
 from __future__ import annotations
@@ -36,7 +35,15 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     """
     config: ExperimentConfig = loop_config["config"]
     if "train" in loop_config["datasets"]:
-        request_shard_early("train")
+        # The first request of a streaming-split dataset makes Ray Data start the split's
+        # coordinator, a new actor process (1.5-3 s here before its first batch): asked for now,
+        # in a background thread, it comes up while this worker imports the training modules
+        # and builds the model. Ray Train keeps the shard: the loop's own get_dataset_shard
+        # gets the same iterator (waiting for this request if still under way), and a failure
+        # shows there, in the loop.
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raydiff-shard-train")
+        pool.submit(ray.train.get_dataset_shard, "train")
+        pool.shutdown(wait=False)
     from raydiff.orchestrate.ray_runtime import RayRuntime  # the model's modules: seconds
     from raydiff.train.loop import run_loop
     from raydiff.train.tasks import task_of_config
@@ -51,42 +58,23 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         num_val_images=loop_config["num_val_images"],
         cached_train=loop_config["cached_train"],
     )
-    _configure_logging(runtime.rank, verbose=loop_config["verbose"])
-    make_task = loop_config["make_task"] or task_of_config
-    return run_loop(config, runtime=runtime, output_dir=runtime.output_dir, make_task=make_task)
-
-
-def request_shard_early(name: str) -> None:
-    """Ask Ray Train for this worker's shard of dataset ``name`` in a background thread.
-
-    The first request of a streaming-split dataset makes Ray Data start the split's coordinator,
-    a new actor process (1.5-3 s here before its first batch); asked for at the start of the
-    train function, it comes up while this worker imports raydiff's training modules and builds
-    the model instead of after. Ray Train keeps the shard, so the loop's own ``get_dataset_shard`` call later gets
-    the same iterator (waiting for this request if it is still under way), and a failure shows
-    there, in the loop.
-    """
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raydiff-shard-{name}")
-    pool.submit(ray.train.get_dataset_shard, name)
-    pool.shutdown(wait=False)
-
-
-def _configure_logging(rank: int, *, verbose: bool) -> None:
-    """raydiff's loggers rank-prefixed, INFO on rank 0 and WARNING elsewhere.
-
-    Ray's console output is set for the whole job by ``raydiff.orchestrate.ray_session`` (Ray
-    Train's own ``ray.train`` logs follow the run's ``LoggingConfig``), not here.
-    """
+    # raydiff's loggers rank-prefixed, INFO on rank 0 and WARNING elsewhere. Ray's console
+    # output is set for the whole job by raydiff.orchestrate.ray_session (Ray Train's own
+    # ray.train logs follow the run's LoggingConfig), not here.
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(name)s: %(message)s"))
+    handler.setFormatter(
+        logging.Formatter(f"%(asctime)s [rank {runtime.rank}] %(name)s: %(message)s")
+    )
     package = logging.getLogger("raydiff")
     package.handlers[:] = [handler]
-    package.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    package.setLevel(logging.INFO if runtime.is_main else logging.WARNING)
     package.propagate = False
-    if not verbose:
+    if not loop_config["verbose"]:
         # Ray's INFO lines of this process, through its public loggers: Ray Train logs every
         # report of every rank under a logger named after its source file, which reaches the
         # root logger; the validation split is executed here, by every rank ("Starting
         # execution of Dataset"; Ray Data set its logger's level on import, done by now).
         for name in ("", "ray.data"):
             logging.getLogger(name).setLevel(logging.WARNING)
+    make_task = loop_config["make_task"] or task_of_config
+    return run_loop(config, runtime=runtime, output_dir=runtime.output_dir, make_task=make_task)
