@@ -17,6 +17,7 @@ Differences from the reference that do not change any number:
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -433,22 +434,7 @@ class GaussianDiffusion:
         generator: NoiseGenerator | None = None,
     ) -> torch.Tensor:
         """Generate samples with T ancestral steps; returns the final ``[N, C, H, W]`` batch."""
-        final = None
-        for step_output in self.p_sample_loop_progressive(
-            model,
-            shape,
-            noise=noise,
-            clip_denoised=clip_denoised,
-            denoised_fn=denoised_fn,
-            cond_fn=cond_fn,
-            model_kwargs=model_kwargs,
-            device=device,
-            progress=progress,
-            generator=generator,
-        ):
-            final = step_output
-        assert final is not None
-        return final["sample"]
+        return _last_sample(self.p_sample_loop_progressive(**_loop_kwargs(locals())))
 
     def p_sample_loop_progressive(
         self,
@@ -465,22 +451,7 @@ class GaussianDiffusion:
         generator: NoiseGenerator | None = None,
     ) -> Iterator[dict[str, torch.Tensor]]:
         """Like ``p_sample_loop`` but yields every step's ``p_sample`` output, from t = T-1 to 0."""
-        img, device = self._initial_noise(model, shape, noise, device, generator)
-        for i in self._timestep_indices(progress):
-            t = torch.full((shape[0],), i, device=device, dtype=torch.long)
-            with torch.no_grad():
-                out = self.p_sample(
-                    model,
-                    img,
-                    t,
-                    clip_denoised=clip_denoised,
-                    denoised_fn=denoised_fn,
-                    cond_fn=cond_fn,
-                    model_kwargs=model_kwargs,
-                    generator=generator,
-                )
-                yield out
-                img = out["sample"]
+        yield from self._progressive(self.p_sample, **_loop_kwargs(locals()))
 
     # ------------------------------------------------------------------ DDIM
 
@@ -570,23 +541,7 @@ class GaussianDiffusion:
         generator: NoiseGenerator | None = None,
     ) -> torch.Tensor:
         """Generate samples with DDIM over this diffusion's steps (respace it for fewer steps)."""
-        final = None
-        for step_output in self.ddim_sample_loop_progressive(
-            model,
-            shape,
-            noise=noise,
-            clip_denoised=clip_denoised,
-            denoised_fn=denoised_fn,
-            cond_fn=cond_fn,
-            model_kwargs=model_kwargs,
-            device=device,
-            progress=progress,
-            eta=eta,
-            generator=generator,
-        ):
-            final = step_output
-        assert final is not None
-        return final["sample"]
+        return _last_sample(self.ddim_sample_loop_progressive(**_loop_kwargs(locals())))
 
     def ddim_sample_loop_progressive(
         self,
@@ -604,20 +559,27 @@ class GaussianDiffusion:
         generator: NoiseGenerator | None = None,
     ) -> Iterator[dict[str, torch.Tensor]]:
         """Like ``ddim_sample_loop`` but yields every step's output, from t = T-1 to 0."""
+        yield from self._progressive(self.ddim_sample, **_loop_kwargs(locals()))
+
+    def _progressive(
+        self,
+        step: Callable[..., dict[str, torch.Tensor]],
+        model: Model,
+        shape: Sequence[int],
+        noise: torch.Tensor | None,
+        device: torch.device | str | None,
+        progress: bool,
+        generator: NoiseGenerator | None,
+        model_kwargs: dict[str, Any] | None,
+        **step_kwargs: Any,
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """The loop both samplers share: ``step`` from t = T-1 down to 0, yielding each output."""
         img, device = self._initial_noise(model, shape, noise, device, generator)
         for i in self._timestep_indices(progress):
             t = torch.full((shape[0],), i, device=device, dtype=torch.long)
             with torch.no_grad():
-                out = self.ddim_sample(
-                    model,
-                    img,
-                    t,
-                    clip_denoised=clip_denoised,
-                    denoised_fn=denoised_fn,
-                    cond_fn=cond_fn,
-                    model_kwargs=model_kwargs,
-                    eta=eta,
-                    generator=generator,
+                out = step(
+                    model, img, t, model_kwargs=model_kwargs, generator=generator, **step_kwargs
                 )
                 yield out
                 img = out["sample"]
@@ -815,6 +777,16 @@ class GaussianDiffusion:
             "xstart_mse": torch.stack(xstart_mse, dim=1),
             "mse": torch.stack(mse, dim=1),
         }
+
+
+def _loop_kwargs(names: dict[str, Any]) -> dict[str, Any]:
+    """A sampling loop's own arguments (its ``locals()``), to hand on unchanged."""
+    return {k: v for k, v in names.items() if k not in ("self", "__class__")}
+
+
+def _last_sample(steps: Iterator[dict[str, torch.Tensor]]) -> torch.Tensor:
+    (final,) = deque(steps, maxlen=1)
+    return final["sample"]
 
 
 def _randn_like(x: torch.Tensor, generator: NoiseGenerator | None) -> torch.Tensor:
