@@ -44,9 +44,11 @@ _OWN_TIERS = {"test_elastic.py": "elastic"}
 _OWN_CLUSTERS = ("test_faults.py", "test_job_submit.py")
 # Markers whose skips are errors under CI: what set-up installs (scripts/setup.sh) must be there.
 _REQUIRED_UNDER_CI = ("slow", "dataset", "prometheus")
-# Each tier's wall time under CI, in seconds: about 25% over its time on the 2-core CI machine
-# with no other load, and with set-up (about 70 s) 12 minutes in all (docs/testing.md).
-TIER_BUDGETS_S = {"unit": 120, "learning": 90, "integration": 900, "slow": 300}
+# Each tier's wall time under CI, in seconds: about 30% over its time on a fresh clone on the
+# slower of the 2-core machines measured (docs/testing.md). The goal is 12 minutes in all, set-up
+# included; the integration and slow tiers are not there yet, so these budgets hold the suite
+# where it is: growth is a decision, and a cut lowers the budget with it.
+TIER_BUDGETS_S = {"unit": 90, "learning": 90, "integration": 1380, "slow": 510}
 # How many of an over-budget tier's slowest tests its failure names.
 _SLOWEST_NAMED = 10
 

@@ -152,12 +152,12 @@ def _train_on_ray(
         cpus_per_worker=config.scaling.cpus_per_worker,
         use_gpu=config.scaling.use_gpu,
     )
-    quiet_ray_console()
     if not show_data_progress:
         from ray.data import DataContext
 
         # Ray Data's per-operator bars drown the training log; the dashboard shows them.
         DataContext.get_current().enable_progress_bars = False
+    quiet_ray_console()  # after ray.data's import: its console handler gets the noise filter
     from raydiff.orchestrate.metrics import RunEventMetrics
     from raydiff.orchestrate.repeated_failure import StopRepeatedFailure
 
