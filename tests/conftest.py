@@ -48,7 +48,7 @@ _REQUIRED_UNDER_CI = ("slow", "dataset", "prometheus")
 # slower of the 2-core machines measured (docs/testing.md). The goal is 12 minutes in all, set-up
 # included; the integration and slow tiers are not there yet, so these budgets hold the suite
 # where it is: growth is a decision, and a cut lowers the budget with it.
-TIER_BUDGETS_S = {"unit": 90, "learning": 90, "integration": 1380, "slow": 510}
+TIER_BUDGETS_S = {"unit": 120, "learning": 90, "integration": 1380, "slow": 510}
 # How many of an over-budget tier's slowest tests its failure names.
 _SLOWEST_NAMED = 10
 
