@@ -44,7 +44,7 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]] || ! "$py" -c 'import ray
     mapfile -t pip_settings < <("$py" -m pip config list | "$py" scripts/pip_settings_for_uv.py)
     # torch is named first: the pin selects the CPU build where a local wheel or the PyTorch
     # CPU index is configured; a bare 'torch' would pull several GB of CUDA packages.
-    "$py" -m uv pip install --quiet --python "$py" --index-strategy unsafe-best-match \
+    "$py" -m uv pip install --quiet --python "$py" --index-strategy unsafe-best-match --compile-bytecode \
       "${pip_settings[@]}" -c constraints.txt torch -e ".[dev]"
   else
     "$py" -m pip install --quiet --upgrade pip
