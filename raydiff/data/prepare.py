@@ -29,6 +29,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from raydiff import __version__
 from raydiff.data.encode import FITS, EncodeResult, Fit, ImageSpec, encode_chunk
 from raydiff.data.manifest import (
     FORMAT_VERSION,
@@ -414,7 +415,12 @@ class _BadImages:
         if len(self.examples) < NUM_BAD_EXAMPLES:
             self.examples.append(BadImage(key=key, reason=reason or "unknown"))
         if self.count > int(self.options.max_bad_fraction * self.total):
-            raise BadInputError(_bad_message(self.count, self.total, self.options, self.examples))
+            examples = "; ".join(f"{b.key}: {b.reason}" for b in self.examples[:5])
+            raise BadInputError(
+                f"more than {self.options.max_bad_fraction:.1%} of {self.total} images are "
+                f"unreadable ({self.count} so far, e.g. {examples}); nothing written. Fix or "
+                "remove them, or raise --max-bad-fraction"
+            )
 
 
 # map(encode_chunk, chunks), in this process or over worker processes.
@@ -507,7 +513,7 @@ def _build_manifest(
             raise BadInputError(f"split {name!r} has no readable image; nothing written")
     return Manifest(
         format_version=FORMAT_VERSION,
-        raydiff_version=_raydiff_version(),
+        raydiff_version=__version__,
         created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
         source={"kind": source.kind, "location": source.location, "label_rule": source.label_rule},
         image_size=spec.image_size,
@@ -541,15 +547,6 @@ def _write_manifest(manifest: Manifest, *, root: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(temporary, manifest_path)
-
-
-def _bad_message(num_bad: int, total: int, options: PrepareOptions, bad: list[BadImage]) -> str:
-    examples = "; ".join(f"{b.key}: {b.reason}" for b in bad[:5])
-    return (
-        f"more than {options.max_bad_fraction:.1%} of {total} images are unreadable "
-        f"({num_bad} so far, e.g. {examples}); nothing written. Fix or remove them, or raise "
-        "--max-bad-fraction"
-    )
 
 
 def _move_into_place(temporary: Path, out: Path) -> None:
@@ -586,26 +583,6 @@ def _process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # another user's process
         return True
     return True
-
-
-def _raydiff_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("raydiff")
-    except metadata.PackageNotFoundError:
-        import raydiff
-
-        return str(getattr(raydiff, "__version__", "0+unknown"))
-
-
-__all__ = [
-    "EMBEDDED_SOURCES",
-    "BadInputError",
-    "PrepareOptions",
-    "PrepareSummary",
-    "prepare_dataset",
-]
