@@ -49,7 +49,7 @@ from raydiff.data.sources import (
 )
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.flags import flag
-from raydiff.storage import local_path
+from raydiff.storage import local_path, write_text_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -393,7 +393,8 @@ def _write_dataset(
     manifest = _build_manifest(
         root, source=source, spec=spec, options=options, split_infos=split_infos, bad=bad
     )
-    _write_manifest(manifest, root=root)
+    # Written last and atomically: a folder with a manifest is a complete dataset.
+    write_text_atomically(root / MANIFEST_NAME, manifest.to_json())
     return manifest
 
 
@@ -536,17 +537,6 @@ def _build_manifest(
         },
         root=str(root),
     )
-
-
-def _write_manifest(manifest: Manifest, *, root: Path) -> None:
-    """Write ``manifest.json`` atomically: a folder with a manifest is a complete dataset."""
-    manifest_path = root / MANIFEST_NAME
-    temporary = manifest_path.with_name(MANIFEST_NAME + ".tmp")
-    with open(temporary, "w", encoding="utf-8") as f:
-        f.write(manifest.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, manifest_path)
 
 
 def _move_into_place(temporary: Path, out: Path) -> None:
