@@ -49,6 +49,7 @@ from raydiff.data.order import (
     shuffle_buffer_seed,
     start_block_order_at,
 )
+from raydiff.data.shards import SHARD_SCHEMA
 from raydiff.errors import UserInputError
 from raydiff.storage import reader_paths
 
@@ -56,8 +57,6 @@ if TYPE_CHECKING:
     import ray.data
 
 logger = logging.getLogger(__name__)
-
-SHARD_COLUMNS = ["key", "label", "index", "png"]
 
 
 def decoded_bytes(manifest: Manifest, split: str) -> int:
@@ -260,7 +259,7 @@ def _read_shards(uris: list[str], *, shuffle: Any) -> ray.data.Dataset:
     paths, filesystem = reader_paths(uris)
     try:
         return ray.data.read_parquet(
-            paths, columns=SHARD_COLUMNS, shuffle=shuffle, filesystem=filesystem
+            paths, columns=SHARD_SCHEMA.names, shuffle=shuffle, filesystem=filesystem
         )
     finally:
         if use_v2 is not None:
