@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import json
 
-from raydiff.cli.arguments import add_address_argument, add_options, options_from_args
+from raydiff.cli.arguments import add_options, options_from_args
 
 HELP = "evaluate a checkpoint: bits/dim over a split, FID/KID or accuracy of samples"
 
@@ -27,8 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "over a split of the dataset, images spread over Ray workers. Results: JSON (printed), "
         "per-image terms (npz), and the run's trackers for a run's checkpoint.",
     )
-    add_options(bpd, BpdOptions)
-    add_address_argument(bpd)
+    add_options(bpd, BpdOptions, address=True)
     fid = metrics.add_parser(
         "fid",
         help="FID, KID, precision and recall of samples against a reference (Inception weights "

@@ -424,14 +424,8 @@ class _BadImages:
             )
 
 
-# map(encode_chunk, chunks), in this process or over worker processes.
-EncodeMap = Callable[
-    [Iterator[tuple[list[str] | np.ndarray, ImageSpec]]], Iterator[list[EncodeResult]]
-]
-
-
 @contextlib.contextmanager
-def _encoder(*, num_workers: int) -> Iterator[EncodeMap]:
+def _encoder(*, num_workers: int) -> Iterator[Callable[..., Iterator[list[EncodeResult]]]]:
     """``map(encode_chunk, ...)`` in this process, or over ``num_workers`` worker processes."""
     if num_workers <= 1:
         yield functools.partial(map, encode_chunk)

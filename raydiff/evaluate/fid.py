@@ -104,6 +104,7 @@ def compute_fid(
     samples: str | Path,
     reference: str | Path,
     split: str = "test",
+    samples_split: str | None = None,
     inception: str | Path | None = None,
     num_images: int | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -116,11 +117,11 @@ def compute_fid(
     evaluate fid`` reports.
 
     ``samples`` / ``reference``: any source of :func:`load_images`; a prepared dataset
-    contributes its ``split``, and a local one caches its reference features
-    (:func:`reference_features`). ``num_images``: the first N images of each side (default all).
-    ``extractor``: a feature network taking uint8 ``[B, 3, H, W]`` (default: the FID Inception
-    from ``inception``, see :func:`load_inception`, on CUDA when available). An injected
-    extractor stays on its device.
+    contributes its ``split`` (``samples_split`` for the samples side, default ``split``), and
+    a local one caches its reference features (:func:`reference_features`). ``num_images``: the
+    first N images of each side (default all). ``extractor``: a feature network taking uint8
+    ``[B, 3, H, W]`` (default: the FID Inception from ``inception``, see :func:`load_inception`,
+    on CUDA when available). An injected extractor stays on its device.
 
     :return: ``fid``, ``kid_mean``, ``kid_std``, ``precision``, ``recall`` (k = 3; None with 3
         images or fewer on a side), ``num_samples``, ``num_reference``.
@@ -132,7 +133,7 @@ def compute_fid(
         device = "cuda" if torch.cuda.is_available() else "cpu"
         extractor = load_inception(inception, device=device)
     started = time.perf_counter()
-    sample_images = load_images(samples, split=split, limit=num_images)
+    sample_images = load_images(samples, split=samples_split or split, limit=num_images)
     sample_features = extract_features(
         extractor, sample_images, batch_size=batch_size, progress=progress
     )
