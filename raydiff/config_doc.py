@@ -75,24 +75,6 @@ IMPROVED_DIFFUSION_FLAGS = frozenset(
 raydiff field carries under the same name."""
 
 
-@dataclasses.dataclass(frozen=True)
-class FieldDoc:
-    """One config field as the reference shows it."""
-
-    section: str
-    name: str
-    type: str
-    default: str
-    flag: str
-    """``--name`` where the field is an improved-/guided-diffusion flag that ``--set name=...``
-    reaches; "" otherwise."""
-    meaning: str
-
-    @property
-    def dotted(self) -> str:
-        return f"{self.section}.{self.name}"
-
-
 def attribute_docstrings(cls: type) -> dict[str, str]:
     """``{field: docstring}`` for the string literals that follow annotated fields in ``cls``."""
     source = textwrap.dedent(inspect.getsource(cls))
@@ -117,8 +99,10 @@ def sections() -> list[tuple[str, type]]:
     return [(f.name, hints[f.name]) for f in dataclasses.fields(ExperimentConfig)]
 
 
-def field_docs(section: str, cls: type) -> list[FieldDoc]:
-    """Every field of one section; a field without a docstring is an error (document it)."""
+def field_docs(section: str, cls: type) -> list[list[str]]:
+    """The reference's cells of every field of one section (field, type, default, the
+    improved-/guided-diffusion flag that ``--set name=...`` reaches or "", meaning); a field
+    without a docstring is an error (document it)."""
     hints = typing.get_type_hints(cls)
     docs = attribute_docstrings(cls)
     rows = []
@@ -131,15 +115,9 @@ def field_docs(section: str, cls: type) -> list[FieldDoc]:
         dotted = f"{section}.{f.name}"
         derived = DATA_FIELDS_DERIVED.get(f.name) if section == "data" else None
         default = f"follows `{derived}`" if derived else f"`{_format_value(_default(f))}`"
+        flag = f"`--{f.name}`" if _flag_reaches(f.name, dotted) else ""
         rows.append(
-            FieldDoc(
-                section=section,
-                name=f.name,
-                type=_format_type(hints[f.name]),
-                default=default,
-                flag=f"`--{f.name}`" if _flag_reaches(f.name, dotted) else "",
-                meaning=_one_line(docs[f.name]),
-            )
+            [f"`{dotted}`", _format_type(hints[f.name]), default, flag, _one_line(docs[f.name])]
         )
     return rows
 
@@ -179,8 +157,7 @@ def render_configuration_doc() -> str:
             "| field | type | default | improved-diffusion flag | meaning |",
             "| --- | --- | --- | --- | --- |",
         ]
-        for row in field_docs(name, cls):
-            cells = [f"`{row.dotted}`", row.type, row.default, row.flag, row.meaning]
+        for cells in field_docs(name, cls):
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
         derived = [f"`{name}.{f}`" for f in DATA_FIELDS_DERIVED if name == "data"]

@@ -14,14 +14,6 @@ from __future__ import annotations
 import functools
 import re
 
-__all__ = [
-    "ConfigError",
-    "RunFailedError",
-    "RunInterruptedError",
-    "UserInputError",
-    "first_line",
-]
-
 # A line that names a raised exception: "ValueError: ...", "ray.exceptions.ActorDiedError: ...",
 # "RayTaskError(ValueError): ...".
 _RAISED_LINE = re.compile(r"^[\w.]*(?:Error|Exception|Exit|Interrupt)(?:\([\w.]*\))?:")

@@ -148,23 +148,18 @@ class RemotePath:
             self.filesystem, self.path.rpartition("/")[0], self.uri.rpartition("/")[0]
         )
 
-    def _type(self) -> Any:
-        return self.filesystem.get_file_info(self.path).type
+    def _type(self) -> str:
+        """``pyarrow.fs.FileType``'s name: NotFound, File, Directory, ..."""
+        return self.filesystem.get_file_info(self.path).type.name
 
     def exists(self) -> bool:
-        import pyarrow.fs
-
-        return self._type() != pyarrow.fs.FileType.NotFound
+        return self._type() != "NotFound"
 
     def is_file(self) -> bool:
-        import pyarrow.fs
-
-        return self._type() == pyarrow.fs.FileType.File
+        return self._type() == "File"
 
     def is_dir(self) -> bool:
-        import pyarrow.fs
-
-        return self._type() == pyarrow.fs.FileType.Directory
+        return self._type() == "Directory"
 
     def iterdir(self) -> Iterator[RemotePath]:
         """The folder's entries (none when it does not exist), in no particular order."""

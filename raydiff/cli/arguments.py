@@ -23,9 +23,13 @@ from raydiff.flags import MISSING
 OptionsT = TypeVar("OptionsT")
 
 
-def add_options(parser: argparse.ArgumentParser, options_type: type) -> None:
+def add_options(
+    parser: argparse.ArgumentParser, options_type: type, *, address: bool = False
+) -> None:
     """Add an argument for every field of ``options_type`` that declares a flag; the parsed
-    arguments remember ``options_type`` (as ``options_type``) for :func:`flag_of`."""
+    arguments remember ``options_type`` (as ``options_type``) for :func:`flag_of`. ``address``:
+    also ``--address``, the Ray cluster to run on (train, sweep, sample, evaluate bpd): where a
+    command runs, not what it computes, so no options dataclass holds it."""
     hints = typing.get_type_hints(options_type)
     for f in _flag_fields(options_type):
         meta = f.metadata
@@ -45,6 +49,13 @@ def add_options(parser: argparse.ArgumentParser, options_type: type) -> None:
             kwargs["default"] = default
         parser.add_argument(meta["flag"], dest=f.name, **kwargs)
     parser.set_defaults(options_type=options_type)
+    if address:
+        parser.add_argument(
+            "--address",
+            default=None,
+            help="Ray cluster to run on: 'auto' (the one `ray start` runs on this machine), "
+            "HOST:PORT or ray://HOST:PORT (default: $RAY_ADDRESS, else a new local instance)",
+        )
 
 
 def options_from_args(
@@ -124,17 +135,6 @@ def set_by_flags(options: Any) -> list[str]:
             shown = str(value).lower() if isinstance(value, bool) else value
             items.append(f"{f.metadata['sets']}={shown}")
     return items
-
-
-def add_address_argument(parser: argparse.ArgumentParser) -> None:
-    """``--address``, the Ray cluster to run on (train, sweep, sample, evaluate bpd): where a
-    command runs, not what it computes, so no options dataclass holds it."""
-    parser.add_argument(
-        "--address",
-        default=None,
-        help="Ray cluster to run on: 'auto' (the one `ray start` runs on this machine), "
-        "HOST:PORT or ray://HOST:PORT (default: $RAY_ADDRESS, else a new local instance)",
-    )
 
 
 def _flag_fields(options_type: type) -> list[dataclasses.Field[Any]]:

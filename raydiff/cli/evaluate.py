@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import json
 
-from raydiff.cli.arguments import add_address_argument, add_options, options_from_args
+from raydiff.cli.arguments import add_options, options_from_args
 
 HELP = "evaluate a checkpoint: bits/dim over a split, FID/KID or accuracy of samples"
 
@@ -27,8 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "over a split of the dataset, images spread over Ray workers. Results: JSON (printed), "
         "per-image terms (npz), and the run's trackers for a run's checkpoint.",
     )
-    add_options(bpd, BpdOptions)
-    add_address_argument(bpd)
+    add_options(bpd, BpdOptions, address=True)
     fid = metrics.add_parser(
         "fid",
         help="FID, KID, precision and recall of samples against a reference (Inception weights "
@@ -51,55 +50,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``raydiff evaluate bpd`` / ``fid``: compute, print the JSON, say where it went."""
-    return {"bpd": run_bpd, "fid": run_fid, "accuracy": run_accuracy}[args.metric](args)
+    """Compute (bits/dim on Ray workers, FID/KID or accuracy in this process), print the JSON,
+    say where it went."""
+    from raydiff.evaluate.options import AccuracyOptions, BpdOptions, FidOptions
 
+    if args.metric == "bpd":
+        from raydiff.orchestrate.model_actor import run_bpd
 
-def run_bpd(args: argparse.Namespace) -> int:
-    """The bound over a split on Ray workers; the summary, printed."""
-    from raydiff.evaluate.options import BpdOptions
-    from raydiff.orchestrate.model_actor import run_bpd as evaluate_bpd
+        result = run_bpd(options_from_args(BpdOptions, args), address=args.address)
+    else:
+        from raydiff.evaluate.accuracy import run_accuracy
+        from raydiff.evaluate.samples_fid import run_fid
 
-    result = evaluate_bpd(options_from_args(BpdOptions, args), address=args.address)
+        evaluate, options_type = {
+            "fid": (run_fid, FidOptions),
+            "accuracy": (run_accuracy, AccuracyOptions),
+        }[args.metric]
+        options = options_from_args(options_type, args)
+        result = evaluate(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
     summary = result.summary
     print(json.dumps(summary, indent=2))
-    print(
-        f"{summary['split']}: {summary['bpd']:.4f} +- {summary['bpd_stderr']:.4f} bits/dim "
-        f"({summary['num_images']} images, {result.seconds:.0f} s)"
-    )
+    if args.metric == "bpd":
+        print(
+            f"{summary['split']}: {summary['bpd']:.4f} +- {summary['bpd_stderr']:.4f} bits/dim "
+            f"({summary['num_images']} images, {result.seconds:.0f} s)"
+        )
+    elif args.metric == "accuracy":
+        print(f"accuracy {summary['accuracy']:.4f} on {summary['num_images']} images")
     print(f"results: {result.json_path}")
-    print(f"terms:   {result.terms_path}")
-    for line in result.tracked:
-        print(line)
-    return 0
-
-
-def run_fid(args: argparse.Namespace) -> int:
-    """FID and KID in this process; the summary, printed."""
-    from raydiff.evaluate.options import FidOptions
-    from raydiff.evaluate.samples_fid import run_fid as evaluate_fid
-
-    options = options_from_args(FidOptions, args)
-    result = evaluate_fid(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
-    print(json.dumps(result.summary, indent=2))
-    print(f"results: {result.json_path}")
-    for line in result.tracked:
-        print(line)
-    return 0
-
-
-def run_accuracy(args: argparse.Namespace) -> int:
-    """The evaluator's accuracy in this process; the summary, printed."""
-    from raydiff.evaluate.accuracy import run_accuracy as evaluate_accuracy
-    from raydiff.evaluate.options import AccuracyOptions
-
-    options = options_from_args(AccuracyOptions, args)
-    result = evaluate_accuracy(
-        **{f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
-    )
-    print(json.dumps(result.summary, indent=2))
-    print(f"accuracy {result.summary['accuracy']:.4f} on {result.summary['num_images']} images")
-    print(f"results: {result.json_path}")
+    if args.metric == "bpd":
+        print(f"terms:   {result.terms_path}")
     for line in result.tracked:
         print(line)
     return 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from raydiff.cli.arguments import add_address_argument, add_options, options_from_args
+from raydiff.cli.arguments import add_options, options_from_args
 from raydiff.errors import ConfigError
 from raydiff.flags import flag
 
@@ -49,8 +49,7 @@ class FamilyOptions:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of :class:`FamilyOptions` and ``--address``."""
-    add_options(parser, FamilyOptions)
-    add_address_argument(parser)
+    add_options(parser, FamilyOptions, address=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from raydiff.cli.arguments import add_address_argument, add_options, options_from_args
+from raydiff.cli.arguments import add_options, options_from_args
 
 HELP = "generate samples from a checkpoint on Ray workers (npz + PNGs + grid)"
 
@@ -15,8 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of :class:`~raydiff.sample.options.SampleOptions` and ``--address``."""
     from raydiff.sample.options import SampleOptions
 
-    add_options(parser, SampleOptions)
-    add_address_argument(parser)
+    add_options(parser, SampleOptions, address=True)
 
 
 def run(args: argparse.Namespace) -> int:

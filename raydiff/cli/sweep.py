@@ -7,7 +7,6 @@ import argparse
 from dataclasses import dataclass
 
 from raydiff.cli.arguments import (
-    add_address_argument,
     add_options,
     options_from_args,
     set_by_flags,
@@ -66,8 +65,7 @@ class SweepOptions:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of :class:`SweepOptions` and ``--address``."""
-    add_options(parser, SweepOptions)
-    add_address_argument(parser)
+    add_options(parser, SweepOptions, address=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raydiff.cli.arguments import (
-    add_address_argument,
     add_options,
     options_from_args,
     set_by_flags,
@@ -95,8 +94,7 @@ class TrainOptions:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of :class:`TrainOptions` and ``--address``."""
-    add_options(parser, TrainOptions)
-    add_address_argument(parser)
+    add_options(parser, TrainOptions, address=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from raydiff.cli.arguments import add_address_argument, add_options, options_from_args
+from raydiff.cli.arguments import add_options, options_from_args
 from raydiff.cli.train import TrainOptions, train
 from raydiff.flags import flag
 
@@ -36,8 +36,7 @@ class ClassifierTrainOptions(TrainOptions):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of :class:`ClassifierTrainOptions` and ``--address``."""
-    add_options(parser, ClassifierTrainOptions)
-    add_address_argument(parser)
+    add_options(parser, ClassifierTrainOptions, address=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from raydiff.config.diffusion import DiffusionConfig, NoiseSchedule
 from raydiff.config.evaluation import EvaluationConfig
 from raydiff.config.experiment import DATA_FIELDS_DERIVED, ExperimentConfig, derive_sections
 from raydiff.config.field_values import parse_int_list
-from raydiff.config.model import CHANNEL_MULT_BY_IMAGE_SIZE, UNET_ARGUMENT_FIELDS, ModelConfig
+from raydiff.config.model import CHANNEL_MULT_BY_IMAGE_SIZE, ModelConfig
 from raydiff.config.optim import OptimConfig
 from raydiff.config.overrides import (
     FLAG_ALIASES,
@@ -61,7 +61,6 @@ __all__ = [
     "FLAG_ALIASES",
     "PRESETS_DIR",
     "SWEEP_PREFIX",
-    "UNET_ARGUMENT_FIELDS",
     "CompileMode",
     "DataConfig",
     "DiffusionConfig",

@@ -6,15 +6,13 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from raydiff.config.field_values import channel_mult_of, invalid, parse_int_list
+from raydiff.config.model import CHANNEL_MULT_BY_IMAGE_SIZE
 
 ClassifierPool = Literal["adaptive", "attention", "spatial", "spatial_v2"]
 
-# guided-diffusion's create_classifier: channel multipliers by image size.
-CLASSIFIER_CHANNEL_MULT_BY_IMAGE_SIZE: dict[int, tuple[float, ...]] = {
-    64: (1, 2, 3, 4),
-    128: (1, 1, 2, 3, 4),
-    256: (1, 1, 2, 2, 4, 4),
-    512: (0.5, 1, 1, 2, 2, 4, 4),
+# guided-diffusion's create_classifier: the model's channel multipliers, from 64 pixels up.
+CLASSIFIER_CHANNEL_MULT_BY_IMAGE_SIZE = {
+    size: mult for size, mult in CHANNEL_MULT_BY_IMAGE_SIZE.items() if size >= 64
 }
 
 

@@ -99,7 +99,10 @@ class ModelConfig:
                 num_heads_upsample=self.num_heads_upsample,
             )
         except UNetArgumentError as err:
-            name = UNET_ARGUMENT_FIELDS[err.argument]
+            # The ModelConfig field behind the UNetModel argument (most have its name).
+            name = {"model_channels": "num_channels", "out_channels": "in_channels"}.get(
+                err.argument, err.argument
+            )
             reason = err.reason
             if err.argument == "attention_resolutions":  # the UNet speaks in downsample rates
                 resolutions = [self.image_size // 2**level for level in range(len(mult))]
@@ -134,19 +137,3 @@ class ModelConfig:
             self.image_size // res if res > 0 and self.image_size % res == 0 else 0
             for res in resolutions
         )
-
-
-UNET_ARGUMENT_FIELDS = {
-    "image_size": "image_size",
-    "in_channels": "in_channels",
-    "model_channels": "num_channels",
-    "out_channels": "in_channels",
-    "num_res_blocks": "num_res_blocks",
-    "attention_resolutions": "attention_resolutions",
-    "dropout": "dropout",
-    "channel_mult": "channel_mult",
-    "num_heads": "num_heads",
-    "num_head_channels": "num_head_channels",
-    "num_heads_upsample": "num_heads_upsample",
-}
-"""The ModelConfig field behind each UNetModel argument that ``check_unet_architecture`` checks."""

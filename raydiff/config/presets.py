@@ -28,16 +28,23 @@ def preset_names() -> list[str]:
 
 def resolve_config_path(path_or_preset: str) -> Path:
     """A YAML file's path, or a shipped preset's by name (``cifar10_hybrid``)."""
-    file = Path(path_or_preset)
+    return _file_or_shipped(
+        path_or_preset,
+        names=preset_names(),
+        missing=f"config file {path_or_preset!r} does not exist (presets by name: ",
+    )
+
+
+def _file_or_shipped(path_or_name: str, *, names: list[str], missing: str) -> Path:
+    """A file's path, or the shipped file of one of ``names``; ``missing`` leads the refusal,
+    which lists the names."""
+    file = Path(path_or_name)
     if file.is_file():
         return file
-    preset = PRESETS_DIR / f"{path_or_preset.removesuffix('.yaml')}.yaml"
-    if "/" not in path_or_preset and preset.is_file() and preset.stem in preset_names():
-        return preset
-    raise FileNotFoundError(
-        f"config file {path_or_preset!r} does not exist (presets by name: "
-        f"{', '.join(preset_names())})"
-    )
+    name = path_or_name.removesuffix(".yaml")
+    if "/" not in path_or_name and name in names:
+        return PRESETS_DIR / f"{name}.yaml"
+    raise FileNotFoundError(f"{missing}{', '.join(names)})")
 
 
 def config_source(path_or_preset: str, *, beside: Path) -> str:
@@ -54,15 +61,10 @@ def config_source(path_or_preset: str, *, beside: Path) -> str:
 def shipped_file(path_or_name: str, *, prefix: str, kind: str) -> Path:
     """A file's path, or a shipped ``PREFIX*.yaml`` one's by name (``sweep_demo``,
     ``family_demo``); ``kind`` names what it is in the refusal (``sweep``)."""
-    file = Path(path_or_name)
-    if file.is_file():
-        return file
-    shipped = PRESETS_DIR / f"{path_or_name.removesuffix('.yaml')}.yaml"
-    if "/" not in path_or_name and path_or_name.startswith(prefix) and shipped.is_file():
-        return shipped
-    names = sorted(p.stem for p in PRESETS_DIR.glob(f"{prefix}*.yaml"))
-    raise FileNotFoundError(
-        f"{kind} file {path_or_name!r} does not exist (shipped {kind} files by name: {', '.join(names)})"
+    return _file_or_shipped(
+        path_or_name,
+        names=sorted(p.stem for p in PRESETS_DIR.glob(f"{prefix}*.yaml")),
+        missing=f"{kind} file {path_or_name!r} does not exist (shipped {kind} files by name: ",
     )
 
 

@@ -81,15 +81,9 @@ class ScalingConfig:
             )
         if self.cpus_per_worker <= 0:
             raise invalid(s, "cpus_per_worker", self.cpus_per_worker, "must be > 0")
-        if self.max_failures < -1:
-            raise invalid(s, "max_failures", self.max_failures, "must be >= 0, or -1 for unlimited")
-        if self.max_preemption_failures < -1:
-            raise invalid(
-                s,
-                "max_preemption_failures",
-                self.max_preemption_failures,
-                "must be >= 0, or -1 for unlimited",
-            )
+        for name in ("max_failures", "max_preemption_failures"):
+            if getattr(self, name) < -1:
+                raise invalid(s, name, getattr(self, name), "must be >= 0, or -1 for unlimited")
         if self.preemption_check_interval < 0:
             raise invalid(
                 s,
@@ -101,12 +95,9 @@ class ScalingConfig:
             raise invalid(
                 s, "resize_check_interval_s", self.resize_check_interval_s, "must be >= 0"
             )
-        if self.checkpoints_to_keep < 1:
-            raise invalid(s, "checkpoints_to_keep", self.checkpoints_to_keep, "must be >= 1")
-        if self.sampler_refresh_interval < 1:
-            raise invalid(
-                s, "sampler_refresh_interval", self.sampler_refresh_interval, "must be >= 1"
-            )
+        for name in ("checkpoints_to_keep", "sampler_refresh_interval"):
+            if getattr(self, name) < 1:
+                raise invalid(s, name, getattr(self, name), "must be >= 1")
 
     @property
     def min_workers(self) -> int:

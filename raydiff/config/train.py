@@ -94,27 +94,20 @@ class TrainConfig:
         ):
             if getattr(self, name) not in get_args(valid):
                 raise invalid(s, name, getattr(self, name), f"valid: {', '.join(get_args(valid))}")
-        for name in ("max_steps", "log_interval", "save_interval"):
+        ones = ("max_steps", "log_interval", "save_interval", "eval_num_images", "eval_timesteps")
+        for name in (*ones, "sample_count", "max_consecutive_skipped"):
             if getattr(self, name) < 1:
                 raise invalid(s, name, getattr(self, name), "must be >= 1")
         for name in ("sample_interval", "eval_interval"):
             if getattr(self, name) < 0:
                 raise invalid(s, name, getattr(self, name), "must be >= 0 (0: only at the end)")
-        for name in ("eval_num_images", "eval_timesteps", "sample_count"):
-            if getattr(self, name) < 1:
-                raise invalid(s, name, getattr(self, name), "must be >= 1")
         if self.sample_steps < 2:  # a one-step chain has no posterior (see DiffusionConfig)
             raise invalid(s, "sample_steps", self.sample_steps, "must be >= 2")
         if self.seed < 0:
             raise invalid(s, "seed", self.seed, "must be >= 0")
-        if self.max_consecutive_skipped < 1:
-            raise invalid(
-                s, "max_consecutive_skipped", self.max_consecutive_skipped, "must be >= 1"
-            )
-        if not self.initial_loss_scale > 0:
-            raise invalid(s, "initial_loss_scale", self.initial_loss_scale, "must be > 0")
-        if not self.min_loss_scale > 0:
-            raise invalid(s, "min_loss_scale", self.min_loss_scale, "must be > 0")
+        for name in ("initial_loss_scale", "min_loss_scale"):
+            if not getattr(self, name) > 0:
+                raise invalid(s, name, getattr(self, name), "must be > 0")
 
     def per_worker_batch(self, num_workers: int) -> int:
         """Batch per worker; the global batch must split evenly into workers x microbatches."""

@@ -9,8 +9,6 @@ import numpy as np
 
 from raydiff.data.order import flip_mask
 
-__all__ = ["collate_rows", "normalise"]
-
 
 def normalise(image: np.ndarray) -> np.ndarray:
     """uint8 -> float32 in [-1, 1], improved-diffusion's exact arithmetic (``x / 127.5 - 1``)."""

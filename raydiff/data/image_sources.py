@@ -36,7 +36,8 @@ def load_images(source: str | Path, *, split: str = "test", limit: int | None = 
     if limit is not None and limit < 1:
         raise UserInputError(f"limit={limit} is invalid: must be >= 1 (or None for all images)")
     if is_dataset(source):
-        return _dataset_images(str(source), split=split, limit=limit)
+        # Decoded from the PNGs straight to uint8 (no float round trip).
+        return read_split_pixels(load_manifest(str(source)), split, limit=limit)[0]
     path = local_path(source)
     assert path is not None  # a URI is a dataset
     if not path.exists():
@@ -135,8 +136,3 @@ def _folder_images(path: Path, *, limit: int | None) -> np.ndarray:
     if any(a.shape[-1] == 3 for a in arrays):  # some colour: grey ones become RGB too
         arrays = [np.repeat(a, 3, axis=-1) if a.shape[-1] == 1 else a for a in arrays]
     return np.stack(arrays)
-
-
-def _dataset_images(uri: str, *, split: str, limit: int | None) -> np.ndarray:
-    """Decode the PNGs of a prepared split straight to uint8 (no float round trip)."""
-    return read_split_pixels(load_manifest(uri), split, limit=limit)[0]

@@ -96,22 +96,10 @@ class Manifest:
             )
             for name, info in data["splits"].items()
         }
-        return cls(
-            format_version=version,
-            raydiff_version=data["raydiff_version"],
-            created_utc=data["created_utc"],
-            source=data["source"],
-            image_size=data["image_size"],
-            channels=data["channels"],
-            fit=data.get("fit", "resize"),
-            num_images=data["num_images"],
-            classes=data["classes"],
-            splits=splits,
-            num_bad=data["num_bad"],
-            bad_examples=[BadImage(**bad) for bad in data["bad_examples"]],
-            options=data.get("options", {}),
-            root=root,
-        )
+        bad_examples = [BadImage(**bad) for bad in data["bad_examples"]]
+        # "fit": a manifest from before --fit was resized.
+        parsed = {"splits": splits, "bad_examples": bad_examples, "root": root}
+        return cls(**{"fit": "resize", **data, **parsed})
 
 
 def is_dataset(location: str | os.PathLike[str] | StoragePath) -> bool:
@@ -136,15 +124,11 @@ def load_manifest(uri: str) -> Manifest:
         return Manifest.from_dict(data, root=root)
     except UserInputError:  # a format version this raydiff does not read: says so itself
         raise
-    except ValueError as error:
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        detail = error if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
         raise UserInputError(
-            f"{MANIFEST_NAME} in {root!r} is not a valid raydiff manifest ({error}); prepare "
+            f"{MANIFEST_NAME} in {root!r} is not a valid raydiff manifest ({detail}); prepare "
             f"the dataset again: `raydiff prepare SOURCE --out {uri} --overwrite`"
-        ) from None
-    except (KeyError, TypeError, AttributeError) as error:
-        raise UserInputError(
-            f"{MANIFEST_NAME} in {root!r} is not a valid raydiff manifest ({type(error).__name__}: "
-            f"{error}); prepare the dataset again: `raydiff prepare SOURCE --out {uri} --overwrite`"
         ) from None
 
 

@@ -49,6 +49,7 @@ from raydiff.data.order import (
     shuffle_buffer_seed,
     start_block_order_at,
 )
+from raydiff.data.shards import SHARD_SCHEMA
 from raydiff.errors import UserInputError
 from raydiff.storage import reader_paths
 
@@ -56,8 +57,6 @@ if TYPE_CHECKING:
     import ray.data
 
 logger = logging.getLogger(__name__)
-
-SHARD_COLUMNS = ["key", "label", "index", "png"]
 
 
 def decoded_bytes(manifest: Manifest, split: str) -> int:
@@ -260,7 +259,7 @@ def _read_shards(uris: list[str], *, shuffle: Any) -> ray.data.Dataset:
     paths, filesystem = reader_paths(uris)
     try:
         return ray.data.read_parquet(
-            paths, columns=SHARD_COLUMNS, shuffle=shuffle, filesystem=filesystem
+            paths, columns=SHARD_SCHEMA.names, shuffle=shuffle, filesystem=filesystem
         )
     finally:
         if use_v2 is not None:
@@ -319,7 +318,7 @@ def iterate_batches(
     epoch = epoch_start
     while num_epochs is None or epoch < epoch_start + num_epochs:
         shuffle_rows = train and config.shuffle_buffer_size > 0
-        collate = make_collate_fn(
+        collate = _collate_class()(
             seed=config.seed,
             epoch=epoch,
             random_flip=train and config.random_flip,
@@ -354,41 +353,20 @@ def iterate_batches(
         epoch += 1
 
 
-def make_collate_fn(
-    *, seed: int, epoch: int, random_flip: bool, class_cond: bool, with_keys: bool
-) -> Any:
-    """The collate function of one epoch (it runs in Ray's batch-formatting threads)."""
-    return _collate_class()(
-        seed=seed, epoch=epoch, random_flip=random_flip, class_cond=class_cond, with_keys=with_keys
-    )
-
-
 @functools.cache
 def _collate_class() -> type:
-    # Defined on first use so that importing this module does not import Ray or torch.
+    # The collate function's class (it runs in Ray's batch-formatting threads), defined on
+    # first use so that importing this module does not import Ray or torch.
     from ray.data.collate_fn import NumpyBatchCollateFn
 
     class EpochCollate(NumpyBatchCollateFn):
         """numpy batch -> torch tensors: this epoch's flips, then normalisation."""
 
-        def __init__(
-            self, *, seed: int, epoch: int, random_flip: bool, class_cond: bool, with_keys: bool
-        ) -> None:
+        def __init__(self, **options: Any) -> None:  # collate_rows's keywords for one epoch
             super().__init__()
-            self.seed = seed
-            self.epoch = epoch
-            self.random_flip = random_flip
-            self.class_cond = class_cond
-            self.with_keys = with_keys
+            self.options = options
 
         def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-            return collate_rows(
-                batch,
-                seed=self.seed,
-                epoch=self.epoch,
-                random_flip=self.random_flip,
-                class_cond=self.class_cond,
-                with_keys=self.with_keys,
-            )
+            return collate_rows(batch, **self.options)
 
     return EpochCollate

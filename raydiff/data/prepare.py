@@ -29,6 +29,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from raydiff import __version__
 from raydiff.data.encode import FITS, EncodeResult, Fit, ImageSpec, encode_chunk
 from raydiff.data.manifest import (
     FORMAT_VERSION,
@@ -48,7 +49,7 @@ from raydiff.data.sources import (
 )
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.flags import flag
-from raydiff.storage import local_path
+from raydiff.storage import local_path, write_text_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -392,7 +393,8 @@ def _write_dataset(
     manifest = _build_manifest(
         root, source=source, spec=spec, options=options, split_infos=split_infos, bad=bad
     )
-    _write_manifest(manifest, root=root)
+    # Written last and atomically: a folder with a manifest is a complete dataset.
+    write_text_atomically(root / MANIFEST_NAME, manifest.to_json())
     return manifest
 
 
@@ -414,17 +416,16 @@ class _BadImages:
         if len(self.examples) < NUM_BAD_EXAMPLES:
             self.examples.append(BadImage(key=key, reason=reason or "unknown"))
         if self.count > int(self.options.max_bad_fraction * self.total):
-            raise BadInputError(_bad_message(self.count, self.total, self.options, self.examples))
-
-
-# map(encode_chunk, chunks), in this process or over worker processes.
-EncodeMap = Callable[
-    [Iterator[tuple[list[str] | np.ndarray, ImageSpec]]], Iterator[list[EncodeResult]]
-]
+            examples = "; ".join(f"{b.key}: {b.reason}" for b in self.examples[:5])
+            raise BadInputError(
+                f"more than {self.options.max_bad_fraction:.1%} of {self.total} images are "
+                f"unreadable ({self.count} so far, e.g. {examples}); nothing written. Fix or "
+                "remove them, or raise --max-bad-fraction"
+            )
 
 
 @contextlib.contextmanager
-def _encoder(*, num_workers: int) -> Iterator[EncodeMap]:
+def _encoder(*, num_workers: int) -> Iterator[Callable[..., Iterator[list[EncodeResult]]]]:
     """``map(encode_chunk, ...)`` in this process, or over ``num_workers`` worker processes."""
     if num_workers <= 1:
         yield functools.partial(map, encode_chunk)
@@ -507,7 +508,7 @@ def _build_manifest(
             raise BadInputError(f"split {name!r} has no readable image; nothing written")
     return Manifest(
         format_version=FORMAT_VERSION,
-        raydiff_version=_raydiff_version(),
+        raydiff_version=__version__,
         created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
         source={"kind": source.kind, "location": source.location, "label_rule": source.label_rule},
         image_size=spec.image_size,
@@ -529,26 +530,6 @@ def _build_manifest(
             "shard_max_bytes": options.shard_max_bytes,
         },
         root=str(root),
-    )
-
-
-def _write_manifest(manifest: Manifest, *, root: Path) -> None:
-    """Write ``manifest.json`` atomically: a folder with a manifest is a complete dataset."""
-    manifest_path = root / MANIFEST_NAME
-    temporary = manifest_path.with_name(MANIFEST_NAME + ".tmp")
-    with open(temporary, "w", encoding="utf-8") as f:
-        f.write(manifest.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, manifest_path)
-
-
-def _bad_message(num_bad: int, total: int, options: PrepareOptions, bad: list[BadImage]) -> str:
-    examples = "; ".join(f"{b.key}: {b.reason}" for b in bad[:5])
-    return (
-        f"more than {options.max_bad_fraction:.1%} of {total} images are unreadable "
-        f"({num_bad} so far, e.g. {examples}); nothing written. Fix or remove them, or raise "
-        "--max-bad-fraction"
     )
 
 
@@ -586,26 +567,6 @@ def _process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # another user's process
         return True
     return True
-
-
-def _raydiff_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("raydiff")
-    except metadata.PackageNotFoundError:
-        import raydiff
-
-        return str(getattr(raydiff, "__version__", "0+unknown"))
-
-
-__all__ = [
-    "EMBEDDED_SOURCES",
-    "BadInputError",
-    "PrepareOptions",
-    "PrepareSummary",
-    "prepare_dataset",
-]

@@ -43,56 +43,35 @@ class ShardWriter:
     def __init__(
         self, *, root: Path, split: str, max_rows: int, max_bytes: int, row_group_rows: int
     ) -> None:
-        if max_rows < 1 or max_bytes < 1 or row_group_rows < 1:
-            raise ValueError(
-                f"shard bounds must be positive: max_rows={max_rows}, max_bytes={max_bytes}, "
-                f"row_group_rows={row_group_rows}"
-            )
+        # The bounds are PrepareOptions', checked there (each >= 1).
         self._root = root
         self._split = split
         self._max_rows = max_rows
         self._max_bytes = max_bytes
         self._row_group_rows = row_group_rows
-        self._keys: list[str] = []
-        self._labels: list[int] = []
-        self._indices: list[int] = []
-        self._pngs: list[bytes] = []
+        self._rows: list[tuple[str, int, int, bytes]] = []  # key, label, index, png
         self._buffered_bytes = 0
-        self._next_index = 0
+        self.num_rows = 0
+        """Rows written or buffered so far."""
         self.shards: list[ShardInfo] = []
         (root / split).mkdir(parents=True, exist_ok=True)
 
-    @property
-    def num_rows(self) -> int:
-        """Rows written or buffered so far."""
-        return self._next_index
-
     def add(self, *, key: str, label: int, png: bytes) -> None:
         """Append one image; flushes a shard when it would exceed a bound."""
-        if self._pngs and (
-            len(self._pngs) >= self._max_rows or self._buffered_bytes + len(png) > self._max_bytes
+        if self._rows and (
+            len(self._rows) >= self._max_rows or self._buffered_bytes + len(png) > self._max_bytes
         ):
             self.flush()
-        self._keys.append(key)
-        self._labels.append(label)
-        self._indices.append(self._next_index)
-        self._pngs.append(png)
+        self._rows.append((key, label, self.num_rows, png))
         self._buffered_bytes += len(png)
-        self._next_index += 1
+        self.num_rows += 1
 
     def flush(self) -> None:
         """Write the buffered rows (if any) as one shard."""
-        if not self._pngs:
+        if not self._rows:
             return
-        table = pa.table(
-            {
-                "key": self._keys,
-                "label": pa.array(self._labels, pa.int64()),
-                "index": pa.array(self._indices, pa.int64()),
-                "png": pa.array(self._pngs, pa.binary()),
-            },
-            schema=SHARD_SCHEMA,
-        )
+        columns = zip(SHARD_SCHEMA.names, zip(*self._rows, strict=True), strict=True)
+        table = pa.table(dict(columns), schema=SHARD_SCHEMA)
         relative = f"{self._split}/part-{len(self.shards):05d}.parquet"
         final = self._root / relative
         temporary = final.with_name(final.name + ".tmp")
@@ -107,8 +86,7 @@ class ShardWriter:
                 sha256=file_sha256(final),
             )
         )
-        self._keys, self._labels, self._indices, self._pngs = [], [], [], []
-        self._buffered_bytes = 0
+        self._rows, self._buffered_bytes = [], 0
 
 
 def file_sha256(path: Path) -> str:

@@ -85,12 +85,9 @@ def open_source(source: str, *, labels: LabelRule = "auto") -> Source:
     ``labels`` chooses the label rule: ``prefix`` (improved-diffusion: the file name before the
     first ``_``) or ``folder`` (the first sub-folder under the source) for image folders; the
     labels stored in the file for IDX and ``.npz`` sources; ``none`` for no labels. ``auto`` is
-    the stored labels for IDX/``.npz`` and no labels for image folders.
+    the stored labels for IDX/``.npz`` and no labels for image folders (``PrepareOptions``
+    refuses any other rule).
     """
-    if labels not in LABEL_RULES:
-        raise UserInputError(
-            f"labels={labels!r} is invalid; valid values: {', '.join(LABEL_RULES)}"
-        )
     if source in EMBEDDED_SOURCES:
         directory, class_names = EMBEDDED_SOURCES[source]
         if not os.path.isdir(directory):
@@ -179,10 +176,6 @@ def _open_folder(root: Path, *, labels: LabelRule) -> Source:
         classes = sorted(set(names))
         index = {name: i for i, name in enumerate(classes)}
         class_ids = np.array([index[n] for n in names], dtype=np.int64)
-    elif rule != "none":
-        raise UserInputError(
-            f"labels={labels!r} does not apply to image folders; use prefix|folder|none"
-        )
     split = SplitItems(keys=keys, labels=class_ids, paths=[str(f) for f in files])
     return Source(
         kind="folder", location=str(root), splits={"train": split}, classes=classes, label_rule=rule

@@ -109,21 +109,19 @@ def compute_fid(
     num_images: int | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     extractor: torch.nn.Module | None = None,
-    device: str | torch.device | None = None,
     kid_subsets: int = KID_SUBSETS,
     kid_subset_size: int = KID_SUBSET_SIZE,
-    seed: int = KID_SEED,
     progress: bool = False,
 ) -> dict[str, float | None]:
     """FID, KID, precision and recall of ``samples`` against ``reference``; what ``raydiff
     evaluate fid`` reports.
 
     ``samples`` / ``reference``: any source of :func:`load_images`; a prepared dataset
-    contributes its ``split`` (``samples_split`` for the samples side, default ``split``), and a
-    local one caches its reference features (:func:`reference_features`). ``num_images``: the
+    contributes its ``split`` (``samples_split`` for the samples side, default ``split``), and
+    a local one caches its reference features (:func:`reference_features`). ``num_images``: the
     first N images of each side (default all). ``extractor``: a feature network taking uint8
     ``[B, 3, H, W]`` (default: the FID Inception from ``inception``, see :func:`load_inception`,
-    moved to ``device``: CUDA when available). An injected extractor stays on its device.
+    on CUDA when available). An injected extractor stays on its device.
 
     :return: ``fid``, ``kid_mean``, ``kid_std``, ``precision``, ``recall`` (k = 3; None with 3
         images or fewer on a side), ``num_samples``, ``num_reference``.
@@ -132,8 +130,7 @@ def compute_fid(
         samples=samples, reference=reference, num_images=num_images, batch_size=batch_size
     )
     if extractor is None:
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         extractor = load_inception(inception, device=device)
     started = time.perf_counter()
     sample_images = load_images(samples, split=samples_split or split, limit=num_images)
@@ -146,9 +143,8 @@ def compute_fid(
     )  # fmt: skip
     _warn_about_the_sets(sample_images.shape[1:], ref_shape, sample_features, ref_features)
     kid = kernel_inception_distance(
-        sample_features, ref_features, num_subsets=kid_subsets, subset_size=kid_subset_size,
-        seed=seed,
-    )  # fmt: skip
+        sample_features, ref_features, num_subsets=kid_subsets, subset_size=kid_subset_size
+    )
     fid = frechet_distance(sample_features, ref_features)
     precision = recall = None  # k = 3 needs 4 images on each side
     if min(len(sample_features), len(ref_features)) > NEIGHBOURHOOD:

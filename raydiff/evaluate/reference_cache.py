@@ -9,9 +9,8 @@ are cached rather than FID statistics, as KID needs the features. No Ray here.
 
 from __future__ import annotations
 
+import io
 import logging
-import os
-import uuid
 import zipfile
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 from raydiff.data.image_sources import load_images
 from raydiff.data.manifest import is_dataset, load_manifest
 from raydiff.evaluate.inception import DEFAULT_BATCH_SIZE, extract_features, extractor_id
-from raydiff.storage import local_path
+from raydiff.storage import local_path, write_bytes_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -109,23 +108,17 @@ def _write_cache(
     split: str,
     created_utc: str,
 ) -> None:
-    """Write atomically: a temporary file in the same folder, then ``os.replace``."""
+    """Write atomically (:func:`~raydiff.storage.write_bytes_atomically`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # float32 when lossless (Inception's features are float32): half the size of float64.
     as_float32 = features.astype(np.float32)
     stored = as_float32 if np.array_equal(as_float32, features) else features
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(temporary, "wb") as f:
-            np.savez(
-                f,
-                features=stored,
-                image_shape=np.asarray(image_shape, dtype=np.int64),
-                split=np.asarray(split),
-                created_utc=np.asarray(created_utc),
-            )
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        features=stored,
+        image_shape=np.asarray(image_shape, dtype=np.int64),
+        split=np.asarray(split),
+        created_utc=np.asarray(created_utc),
+    )
+    write_bytes_atomically(path, buffer.getvalue())
