@@ -46,7 +46,12 @@ def tiny_classifier(*, image_size: int = 16, num_classes: int = 10) -> list[str]
     ]
 
 
-def tiny_unet(num_classes: int | None = None, *, network: type | None = None) -> torch.nn.Module:
+def tiny_unet(
+    num_classes: int | None = None,
+    *,
+    network: type | None = None,
+    channel_mult: tuple[int, ...] = (1, 2),
+) -> torch.nn.Module:
     """An 8x8x1 UNet (``network``: ``SuperResModel`` for an upsampler) in eval mode, with no
     zero layers: a fresh UNet's zero-initialised layers (every residual branch's last conv, the
     output conv) would make it predict 0 whatever x, t and y, so they get small weights."""
@@ -60,7 +65,7 @@ def tiny_unet(num_classes: int | None = None, *, network: type | None = None) ->
         out_channels=1,
         num_res_blocks=1,
         attention_resolutions=(),
-        channel_mult=(1, 2),
+        channel_mult=channel_mult,
         num_classes=num_classes,
     )
     with torch.no_grad():
