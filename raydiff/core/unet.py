@@ -27,7 +27,7 @@ uses bf16 batched matmuls (the CPU flash kernel is slower in bf16).
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal
 
 import torch
@@ -272,8 +272,10 @@ class _EncoderTrunk(nn.Module):
     def _build_trunk(
         self,
         *,
+        image_size: int | None,
         in_channels: int,
         model_channels: int,
+        out_channels: int,
         num_res_blocks: int,
         attention_resolutions: Collection[int],
         dropout: float,
@@ -281,13 +283,49 @@ class _EncoderTrunk(nn.Module):
         conv_resample: bool,
         dims: int,
         use_checkpoint: bool,
+        use_fp16: bool,
         num_heads: int,
         num_head_channels: int,
+        num_heads_upsample: int,
         use_scale_shift_norm: bool,
         resblock_updown: bool,
         use_new_attention_order: bool,
-    ) -> tuple[list[int], int, int]:
-        """Build the encoder half; returns ``(skip channel counts, channels, downsample rate)``."""
+        with_decoder: bool,
+    ) -> tuple[list[int], int, int, Callable[..., ResBlock], Callable[..., AttentionBlock]]:
+        """Check the arguments, record them and build the encoder half.
+
+        Returns ``(skip channel counts, channels, downsample rate)`` and the residual and
+        attention block builders, which the decoder reuses.
+        """
+        check_unet_architecture(
+            image_size=image_size,
+            in_channels=in_channels,
+            model_channels=model_channels,
+            out_channels=out_channels,
+            num_res_blocks=num_res_blocks,
+            attention_resolutions=attention_resolutions,
+            dropout=dropout,
+            channel_mult=channel_mult,
+            dims=dims,
+            num_heads=num_heads,
+            num_head_channels=num_head_channels,
+            num_heads_upsample=num_heads_upsample,
+            with_decoder=with_decoder,
+        )
+        self.image_size = image_size
+        self.in_channels = in_channels
+        self.model_channels = model_channels
+        self.out_channels = out_channels
+        self.num_res_blocks = num_res_blocks
+        self.attention_resolutions = attention_resolutions
+        self.dropout = dropout
+        self.channel_mult = channel_mult
+        self.conv_resample = conv_resample
+        self.use_checkpoint = use_checkpoint
+        self.use_fp16 = use_fp16
+        self.num_heads = num_heads
+        self.num_head_channels = num_head_channels
+        self.num_heads_upsample = num_heads if num_heads_upsample == -1 else num_heads_upsample
         time_embed_dim = model_channels * 4
         self.time_embed = nn.Sequential(
             linear(model_channels, time_embed_dim),
@@ -307,11 +345,11 @@ class _EncoderTrunk(nn.Module):
                 **kwargs,
             )
 
-        def attention_block(channels: int) -> AttentionBlock:
+        def attention_block(channels: int, heads: int = num_heads) -> AttentionBlock:
             return AttentionBlock(
                 channels,
                 use_checkpoint=use_checkpoint,
-                num_heads=num_heads,
+                num_heads=heads,
                 num_head_channels=num_head_channels,
                 use_new_attention_order=use_new_attention_order,
             )
@@ -347,7 +385,7 @@ class _EncoderTrunk(nn.Module):
             res_block(ch), attention_block(ch), res_block(ch)
         )
         self._feature_size += ch
-        return input_block_chans, ch, ds
+        return input_block_chans, ch, ds, res_block, attention_block
 
     @property
     def dtype(self) -> torch.dtype:
@@ -429,7 +467,8 @@ class UNetModel(_EncoderTrunk):
         assert attention_resolutions is not None
         if num_classes is not None and (isinstance(num_classes, bool) or num_classes < 1):
             raise ValueError(f"num_classes must be None or a positive int, got {num_classes!r}")
-        check_unet_architecture(
+        self.num_classes = num_classes
+        input_block_chans, ch, ds, res_block, attention_block = self._build_trunk(
             image_size=image_size,
             in_channels=in_channels,
             model_channels=model_channels,
@@ -438,90 +477,33 @@ class UNetModel(_EncoderTrunk):
             attention_resolutions=attention_resolutions,
             dropout=dropout,
             channel_mult=channel_mult,
-            dims=dims,
-            num_heads=num_heads,
-            num_head_channels=num_head_channels,
-            num_heads_upsample=num_heads_upsample,
-            with_decoder=True,
-        )
-        if num_heads_upsample == -1:
-            num_heads_upsample = num_heads
-
-        self.image_size = image_size
-        self.in_channels = in_channels
-        self.model_channels = model_channels
-        self.out_channels = out_channels
-        self.num_res_blocks = num_res_blocks
-        self.attention_resolutions = attention_resolutions
-        self.dropout = dropout
-        self.channel_mult = channel_mult
-        self.conv_resample = conv_resample
-        self.num_classes = num_classes
-        self.use_checkpoint = use_checkpoint
-        self.use_fp16 = use_fp16
-        self.num_heads = num_heads
-        self.num_head_channels = num_head_channels
-        self.num_heads_upsample = num_heads_upsample
-
-        time_embed_dim = model_channels * 4
-        input_block_chans, ch, ds = self._build_trunk(
-            in_channels=in_channels,
-            model_channels=model_channels,
-            num_res_blocks=num_res_blocks,
-            attention_resolutions=attention_resolutions,
-            dropout=dropout,
-            channel_mult=channel_mult,
             conv_resample=conv_resample,
             dims=dims,
             use_checkpoint=use_checkpoint,
+            use_fp16=use_fp16,
             num_heads=num_heads,
             num_head_channels=num_head_channels,
+            num_heads_upsample=num_heads_upsample,
             use_scale_shift_norm=use_scale_shift_norm,
             resblock_updown=resblock_updown,
             use_new_attention_order=use_new_attention_order,
+            with_decoder=True,
         )
         if num_classes is not None:
             # Registered after the trunk; key order does not matter for load_state_dict.
-            self.label_emb = nn.Embedding(num_classes, time_embed_dim)
+            self.label_emb = nn.Embedding(num_classes, model_channels * 4)
 
         self.output_blocks = nn.ModuleList([])
         for level, mult in list(enumerate(channel_mult))[::-1]:
             for i in range(num_res_blocks + 1):
                 skip_ch = input_block_chans.pop()
-                layers: list[nn.Module] = [
-                    ResBlock(
-                        ch + skip_ch,
-                        time_embed_dim,
-                        dropout,
-                        out_channels=int(model_channels * mult),
-                        dims=dims,
-                        use_checkpoint=use_checkpoint,
-                        use_scale_shift_norm=use_scale_shift_norm,
-                    )
-                ]
+                layers: list[nn.Module] = [res_block(ch + skip_ch, int(model_channels * mult))]
                 ch = int(model_channels * mult)
                 if ds in attention_resolutions:
-                    layers.append(
-                        AttentionBlock(
-                            ch,
-                            use_checkpoint=use_checkpoint,
-                            num_heads=num_heads_upsample,
-                            num_head_channels=num_head_channels,
-                            use_new_attention_order=use_new_attention_order,
-                        )
-                    )
+                    layers.append(attention_block(ch, self.num_heads_upsample))
                 if level and i == num_res_blocks:
                     layers.append(
-                        ResBlock(
-                            ch,
-                            time_embed_dim,
-                            dropout,
-                            out_channels=ch,
-                            dims=dims,
-                            use_checkpoint=use_checkpoint,
-                            use_scale_shift_norm=use_scale_shift_norm,
-                            up=True,
-                        )
+                        res_block(ch, ch, up=True)
                         if resblock_updown
                         else Upsample(ch, conv_resample, dims=dims, out_channels=ch)
                     )
@@ -746,7 +728,7 @@ class EncoderUNetModel(_EncoderTrunk):
                 raise ValueError('pool="attention" needs image_size (got None)')
         if pool in ("adaptive", "attention") and dims != 2:
             raise ValueError(f'pool="{pool}" supports dims=2 only, got dims={dims}')
-        check_unet_architecture(
+        _, ch, ds, _, _ = self._build_trunk(
             image_size=image_size,
             in_channels=in_channels,
             model_channels=model_channels,
@@ -755,45 +737,17 @@ class EncoderUNetModel(_EncoderTrunk):
             attention_resolutions=attention_resolutions,
             dropout=dropout,
             channel_mult=channel_mult,
-            dims=dims,
-            num_heads=num_heads,
-            num_head_channels=num_head_channels,
-            num_heads_upsample=num_heads_upsample,
-            with_decoder=False,
-        )
-        if num_heads_upsample == -1:
-            num_heads_upsample = num_heads
-
-        self.image_size = image_size
-        self.in_channels = in_channels
-        self.model_channels = model_channels
-        self.out_channels = out_channels
-        self.num_res_blocks = num_res_blocks
-        self.attention_resolutions = attention_resolutions
-        self.dropout = dropout
-        self.channel_mult = channel_mult
-        self.conv_resample = conv_resample
-        self.use_checkpoint = use_checkpoint
-        self.use_fp16 = use_fp16
-        self.num_heads = num_heads
-        self.num_head_channels = num_head_channels
-        self.num_heads_upsample = num_heads_upsample
-
-        _, ch, ds = self._build_trunk(
-            in_channels=in_channels,
-            model_channels=model_channels,
-            num_res_blocks=num_res_blocks,
-            attention_resolutions=attention_resolutions,
-            dropout=dropout,
-            channel_mult=channel_mult,
             conv_resample=conv_resample,
             dims=dims,
             use_checkpoint=use_checkpoint,
+            use_fp16=use_fp16,
             num_heads=num_heads,
             num_head_channels=num_head_channels,
+            num_heads_upsample=num_heads_upsample,
             use_scale_shift_norm=use_scale_shift_norm,
             resblock_updown=resblock_updown,
             use_new_attention_order=use_new_attention_order,
+            with_decoder=False,
         )
         self.pool = pool
         if pool == "adaptive":
