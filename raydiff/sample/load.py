@@ -155,7 +155,7 @@ def _checkpoint_weights(
     if config.train.task != task:
         raise UserInputError(
             f"{checkpoint} is a checkpoint of train.task={config.train.task!r}, not of a "
-            f"{task} model" + _task_hint(config.train.task, task, checkpoint)
+            f"{task} model ({task_spec(config.train.task).usage(str(checkpoint))})"
         )
     choices = {"model": checkpoint / "model.pt", **ema_files(checkpoint)}
     if weights is None:
@@ -166,11 +166,6 @@ def _checkpoint_weights(
             f"--weights {weights}: {checkpoint} has no such weights; valid: {', '.join(choices)}"
         )
     return config, choices[weights]
-
-
-def _task_hint(found: str, wanted: str, checkpoint: Path) -> str:
-    """How a checkpoint of task ``found`` is used, where one of ``wanted`` was expected."""
-    return f" ({task_spec(found).usage(str(checkpoint))})"
 
 
 def _published_weights(
