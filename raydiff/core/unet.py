@@ -387,6 +387,19 @@ class _EncoderTrunk(nn.Module):
         self._feature_size += ch
         return input_block_chans, ch, ds, res_block, attention_block
 
+    _fp16_parts: tuple[str, ...] = ("input_blocks", "middle_block")
+    """The blocks that ``use_fp16`` converts (the UNet adds its decoder)."""
+
+    def convert_to_fp16(self) -> None:
+        """Convert the torso's convolutions to float16 (guided-diffusion semantics)."""
+        for part in self._fp16_parts:
+            getattr(self, part).apply(convert_module_to_f16)
+
+    def convert_to_fp32(self) -> None:
+        """Convert the torso back to float32."""
+        for part in self._fp16_parts:
+            getattr(self, part).apply(convert_module_to_f32)
+
     @property
     def dtype(self) -> torch.dtype:
         """dtype of the model's torso (float16 after :meth:`convert_to_fp16`)."""
@@ -428,6 +441,8 @@ class UNetModel(_EncoderTrunk):
         use_new_attention_order: ``[3, heads, ch]`` qkv layout instead of the legacy
             ``[heads, 3, ch]``.
     """
+
+    _fp16_parts = ("input_blocks", "middle_block", "output_blocks")
 
     def __init__(
         self,
@@ -554,18 +569,6 @@ class UNetModel(_EncoderTrunk):
             kwargs[name] = value
         return cls(**kwargs)
 
-    def convert_to_fp16(self) -> None:
-        """Convert the torso's convolutions to float16 (guided-diffusion semantics)."""
-        self.input_blocks.apply(convert_module_to_f16)
-        self.middle_block.apply(convert_module_to_f16)
-        self.output_blocks.apply(convert_module_to_f16)
-
-    def convert_to_fp32(self) -> None:
-        """Convert the torso back to float32."""
-        self.input_blocks.apply(convert_module_to_f32)
-        self.middle_block.apply(convert_module_to_f32)
-        self.output_blocks.apply(convert_module_to_f32)
-
     @property
     def inner_dtype(self) -> torch.dtype:
         """improved-diffusion's name for :attr:`dtype`."""
@@ -664,10 +667,7 @@ class SuperResModel(UNetModel):
         **kwargs: Any,
     ) -> torch.Tensor:
         """``x: [B, C, H, W]``, ``low_res: [B, C, h, w]`` -> ``[B, out_channels, H, W]``."""
-        if low_res is None:
-            raise ValueError("SuperResModel.forward needs low_res, the low-resolution image")
-        upsampled = F.interpolate(low_res, x.shape[2:], mode="bilinear")  # [B, C, H, W]
-        return super().forward(torch.cat([x, upsampled], dim=1), timesteps, **kwargs)
+        return super().forward(_with_low_res(x, low_res), timesteps, **kwargs)
 
     def get_feature_vectors(  # type: ignore[override]
         self,
@@ -677,10 +677,14 @@ class SuperResModel(UNetModel):
         **kwargs: Any,
     ) -> dict[str, Any]:
         """Intermediate activations for the super-resolution input."""
-        if low_res is None:
-            raise ValueError("SuperResModel needs low_res, the low-resolution image")
-        upsampled = F.interpolate(low_res, x.shape[2:], mode="bilinear")
-        return super().get_feature_vectors(torch.cat([x, upsampled], dim=1), timesteps, **kwargs)
+        return super().get_feature_vectors(_with_low_res(x, low_res), timesteps, **kwargs)
+
+
+def _with_low_res(x: torch.Tensor, low_res: torch.Tensor | None) -> torch.Tensor:
+    """``x: [B, C, H, W]`` and ``low_res: [B, C, h, w]`` upsampled to it -> ``[B, 2C, H, W]``."""
+    if low_res is None:
+        raise ValueError("SuperResModel needs low_res, the low-resolution image")
+    return torch.cat([x, F.interpolate(low_res, x.shape[2:], mode="bilinear")], dim=1)
 
 
 class EncoderUNetModel(_EncoderTrunk):
@@ -778,16 +782,6 @@ class EncoderUNetModel(_EncoderTrunk):
                 nn.SiLU(),
                 nn.Linear(2048, out_channels),
             )
-
-    def convert_to_fp16(self) -> None:
-        """Convert the torso's convolutions to float16 (guided-diffusion semantics)."""
-        self.input_blocks.apply(convert_module_to_f16)
-        self.middle_block.apply(convert_module_to_f16)
-
-    def convert_to_fp32(self) -> None:
-        """Convert the torso back to float32."""
-        self.input_blocks.apply(convert_module_to_f32)
-        self.middle_block.apply(convert_module_to_f32)
 
     def forward(self, x: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
         """``x: [B, C, H, W]``, ``timesteps: [B]`` -> logits ``[B, out_channels]``."""
