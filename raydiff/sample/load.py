@@ -57,13 +57,6 @@ def parse_model_flags(text: str) -> dict[str, str]:
     return flags
 
 
-def ema_files(checkpoint: Path) -> dict[str, Path]:
-    """``{"ema_0.9999": path, "phema_0.080": path, ...}``: the EMA weights a raydiff checkpoint
-    holds, fixed-rate ones and those ``raydiff ema`` reconstructed (post-hoc, by length)."""
-    files = [*sorted(checkpoint.glob("ema_*.pt")), *sorted(checkpoint.glob("phema_*.pt"))]
-    return {f.stem: f for f in files}
-
-
 def load_sampling_model(
     path: str | StoragePath,
     *,
@@ -157,7 +150,9 @@ def _checkpoint_weights(
             f"{checkpoint} is a checkpoint of train.task={config.train.task!r}, not of a "
             f"{task} model ({task_spec(config.train.task).usage(str(checkpoint))})"
         )
-    choices = {"model": checkpoint / "model.pt", **ema_files(checkpoint)}
+    # Fixed-rate EMAs, then those `raydiff ema` reconstructed (post-hoc, by length).
+    emas = [*sorted(checkpoint.glob("ema_*.pt")), *sorted(checkpoint.glob("phema_*.pt"))]
+    choices = {"model": checkpoint / "model.pt", **{f.stem: f for f in emas}}
     if weights is None:
         rates = config.optim.ema_rates()
         weights = f"ema_{rates[0]}" if rates and f"ema_{rates[0]}" in choices else "model"
