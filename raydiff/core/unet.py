@@ -42,7 +42,6 @@ from raydiff.core.nn_layers import (
     conv_nd,
     convert_module_to_f16,
     convert_module_to_f32,
-    linear,
     maybe_checkpoint,
     normalization,
     timestep_embedding,
@@ -213,7 +212,7 @@ class ResBlock(TimestepBlock):
 
         self.emb_layers = nn.Sequential(
             nn.SiLU(),
-            linear(
+            nn.Linear(
                 emb_channels, 2 * self.out_channels if use_scale_shift_norm else self.out_channels
             ),
         )
@@ -328,9 +327,9 @@ class _EncoderTrunk(nn.Module):
         self.num_heads_upsample = num_heads if num_heads_upsample == -1 else num_heads_upsample
         time_embed_dim = model_channels * 4
         self.time_embed = nn.Sequential(
-            linear(model_channels, time_embed_dim),
+            nn.Linear(model_channels, time_embed_dim),
             nn.SiLU(),
-            linear(time_embed_dim, time_embed_dim),
+            nn.Linear(time_embed_dim, time_embed_dim),
         )
 
         def res_block(channels: int, out_channels: int | None = None, **kwargs: bool) -> ResBlock:
