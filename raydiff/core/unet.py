@@ -768,18 +768,10 @@ class EncoderUNetModel(_EncoderTrunk):
                 nn.SiLU(),
                 AttentionPool2d(image_size // ds, ch, num_head_channels, out_channels),
             )
-        elif pool == "spatial":
+        else:  # an MLP on the levels' spatial means; spatial_v2 normalises its hidden layer
+            hidden = [normalization(2048), nn.SiLU()] if pool == "spatial_v2" else [nn.ReLU()]
             self.out = nn.Sequential(
-                nn.Linear(self._feature_size, 2048),
-                nn.ReLU(),
-                nn.Linear(2048, out_channels),
-            )
-        else:  # spatial_v2
-            self.out = nn.Sequential(
-                nn.Linear(self._feature_size, 2048),
-                normalization(2048),
-                nn.SiLU(),
-                nn.Linear(2048, out_channels),
+                nn.Linear(self._feature_size, 2048), *hidden, nn.Linear(2048, out_channels)
             )
 
     def forward(self, x: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
