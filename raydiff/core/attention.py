@@ -25,12 +25,6 @@ from torch import nn
 
 from raydiff.core.nn_layers import conv_nd, maybe_checkpoint, normalization, zero_module
 
-__all__ = [
-    "AttentionBlock",
-    "AttentionPool2d",
-    "qkv_attention",
-]
-
 
 def qkv_attention(qkv: torch.Tensor, num_heads: int, *, new_order: bool) -> torch.Tensor:
     """Multi-head attention on a packed token-major ``qkv`` tensor.

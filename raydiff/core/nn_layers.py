@@ -19,20 +19,6 @@ from torch.utils.checkpoint import checkpoint
 
 from raydiff.core.unet_arguments import NUM_NORM_GROUPS
 
-__all__ = [
-    "NUM_NORM_GROUPS",
-    "GroupNorm32",
-    "avg_pool_nd",
-    "conv_nd",
-    "convert_module_to_f16",
-    "convert_module_to_f32",
-    "maybe_checkpoint",
-    "normalization",
-    "timestep_embedding",
-    "upsample_nearest2x_conv3x3",
-    "zero_module",
-]
-
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
