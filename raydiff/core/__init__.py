@@ -41,30 +41,7 @@ _LOCATIONS = {
     "timestep_embedding": "raydiff.core.nn_layers",
 }
 
-__all__ = [
-    "EncoderUNetModel",
-    "GaussianDiffusion",
-    "LossAwareSampler",
-    "LossSecondMomentResampler",
-    "LossSync",
-    "LossType",
-    "ModelMeanType",
-    "ModelVarType",
-    "ScheduleSampler",
-    "SpacedDiffusion",
-    "SuperResModel",
-    "UNetModel",
-    "UniformSampler",
-    "approx_standard_normal_cdf",
-    "betas_for_alpha_bar",
-    "create_named_schedule_sampler",
-    "discretized_gaussian_log_likelihood",
-    "get_named_beta_schedule",
-    "mean_flat",
-    "normal_kl",
-    "space_timesteps",
-    "timestep_embedding",
-]
+__all__ = sorted(_LOCATIONS)
 
 
 def __getattr__(name: str) -> Any:

@@ -25,14 +25,6 @@ from torch import nn
 
 from raydiff.core.nn_layers import conv_nd, maybe_checkpoint, normalization, zero_module
 
-__all__ = [
-    "AttentionBlock",
-    "AttentionPool2d",
-    "QKVAttention",
-    "QKVAttentionLegacy",
-    "qkv_attention",
-]
-
 
 def qkv_attention(qkv: torch.Tensor, num_heads: int, *, new_order: bool) -> torch.Tensor:
     """Multi-head attention on a packed token-major ``qkv`` tensor.
@@ -71,36 +63,6 @@ def qkv_attention(qkv: torch.Tensor, num_heads: int, *, new_order: bool) -> torc
     else:
         out = F.scaled_dot_product_attention(q, k, v)
     return out.transpose(1, 2).reshape(batch, length, num_heads * ch)  # [B, T, H * ch]
-
-
-class QKVAttentionLegacy(nn.Module):
-    """Drop-in for the originals' legacy QKV attention (split heads, then q/k/v).
-
-    Takes and returns the originals' channel-first layout: ``[B, H * 3 * ch, T] -> [B, H * ch, T]``.
-    """
-
-    def __init__(self, n_heads: int) -> None:
-        super().__init__()
-        self.n_heads = n_heads
-
-    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
-        out = qkv_attention(qkv.transpose(1, 2), self.n_heads, new_order=False)  # [B, T, H*ch]
-        return out.transpose(1, 2)  # [B, H * ch, T]
-
-
-class QKVAttention(nn.Module):
-    """Drop-in for guided-diffusion's ``QKVAttention`` (split q/k/v, then heads).
-
-    Takes and returns the channel-first layout: ``[B, 3 * H * ch, T] -> [B, H * ch, T]``.
-    """
-
-    def __init__(self, n_heads: int) -> None:
-        super().__init__()
-        self.n_heads = n_heads
-
-    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
-        out = qkv_attention(qkv.transpose(1, 2), self.n_heads, new_order=True)  # [B, T, H*ch]
-        return out.transpose(1, 2)  # [B, H * ch, T]
 
 
 def resolve_num_heads(channels: int, num_heads: int, num_head_channels: int) -> int:

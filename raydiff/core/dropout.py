@@ -22,8 +22,6 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["FastDropout", "cpu_keep_mask"]
-
 _BITS = 32
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -575,7 +575,12 @@ class GaussianDiffusion:
     ) -> Iterator[dict[str, torch.Tensor]]:
         """The loop both samplers share: ``step`` from t = T-1 down to 0, yielding each output."""
         img, device = self._initial_noise(model, shape, noise, device, generator)
-        for i in self._timestep_indices(progress):
+        indices: Iterable[int] = range(self.num_timesteps - 1, -1, -1)
+        if progress:
+            from tqdm.auto import tqdm  # optional dependency, only for interactive use
+
+            indices = tqdm(indices)
+        for i in indices:
             t = torch.full((shape[0],), i, device=device, dtype=torch.long)
             with torch.no_grad():
                 out = step(
@@ -607,14 +612,6 @@ class GaussianDiffusion:
         if generator is None:
             return torch.randn(*shape, device=device), device
         return _randn(tuple(shape), torch.float32, generator).to(device), device
-
-    def _timestep_indices(self, progress: bool) -> Sequence[int] | Iterator[int]:
-        indices = list(range(self.num_timesteps))[::-1]
-        if progress:
-            from tqdm.auto import tqdm  # optional dependency, only for interactive use
-
-            return tqdm(indices)
-        return indices
 
     # ------------------------------------------------------------------ variational bound
 

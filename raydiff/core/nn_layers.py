@@ -19,21 +19,6 @@ from torch.utils.checkpoint import checkpoint
 
 from raydiff.core.unet_arguments import NUM_NORM_GROUPS
 
-__all__ = [
-    "NUM_NORM_GROUPS",
-    "GroupNorm32",
-    "avg_pool_nd",
-    "conv_nd",
-    "convert_module_to_f16",
-    "convert_module_to_f32",
-    "linear",
-    "maybe_checkpoint",
-    "normalization",
-    "timestep_embedding",
-    "upsample_nearest2x_conv3x3",
-    "zero_module",
-]
-
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
@@ -96,31 +81,20 @@ def normalization(channels: int) -> GroupNorm32:
     return GroupNorm32(NUM_NORM_GROUPS, channels)
 
 
+def _of_dims(dims: int, types: tuple[type[ModuleT], ...]) -> type[ModuleT]:
+    if dims not in (1, 2, 3):
+        raise ValueError(f"dims must be 1, 2 or 3, got {dims}")
+    return types[dims - 1]
+
+
 def conv_nd(dims: int, *args: Any, **kwargs: Any) -> nn.Conv1d | nn.Conv2d | nn.Conv3d:
     """Create a 1D, 2D or 3D convolution (``nn.ConvNd`` arguments after ``dims``)."""
-    if dims == 1:
-        return nn.Conv1d(*args, **kwargs)
-    if dims == 2:
-        return nn.Conv2d(*args, **kwargs)
-    if dims == 3:
-        return nn.Conv3d(*args, **kwargs)
-    raise ValueError(f"dims must be 1, 2 or 3, got {dims}")
-
-
-def linear(*args: Any, **kwargs: Any) -> nn.Linear:
-    """Create a linear layer (kept for parity with the originals' ``nn.linear``)."""
-    return nn.Linear(*args, **kwargs)
+    return _of_dims(dims, (nn.Conv1d, nn.Conv2d, nn.Conv3d))(*args, **kwargs)
 
 
 def avg_pool_nd(dims: int, *args: Any, **kwargs: Any) -> nn.AvgPool1d | nn.AvgPool2d | nn.AvgPool3d:
     """Create a 1D, 2D or 3D average pooling layer."""
-    if dims == 1:
-        return nn.AvgPool1d(*args, **kwargs)
-    if dims == 2:
-        return nn.AvgPool2d(*args, **kwargs)
-    if dims == 3:
-        return nn.AvgPool3d(*args, **kwargs)
-    raise ValueError(f"dims must be 1, 2 or 3, got {dims}")
+    return _of_dims(dims, (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d))(*args, **kwargs)
 
 
 def zero_module(module: ModuleT) -> ModuleT:

@@ -153,7 +153,10 @@ class LossSecondMomentResampler(LossAwareSampler):
     def weights(self) -> np.ndarray:
         if not self._warmed_up():
             return np.ones([self.num_timesteps], dtype=np.float64)
-        return second_moment_weights(self._loss_history, uniform_prob=self.uniform_prob).numpy()
+        # p_t = (1 - u) sqrt(mean(L_t^2)) / sum + u / T (IDDPM section 3.3), float64 [T].
+        weights = torch.sqrt(torch.mean(self._loss_history**2, dim=-1))
+        weights = weights / weights.sum() * (1 - self.uniform_prob)
+        return (weights + self.uniform_prob / len(weights)).numpy()
 
     def _warmed_up(self) -> bool:
         return bool((self._loss_counts == self.history_per_term).all())
@@ -189,14 +192,6 @@ class LossSecondMomentResampler(LossAwareSampler):
         super().load_state_dict(state)
         self._loss_history = history.clone()
         self._loss_counts = torch.as_tensor(state["loss_counts"], dtype=torch.int64).clone()
-
-
-def second_moment_weights(loss_history: torch.Tensor, *, uniform_prob: float) -> torch.Tensor:
-    """p_t = (1 - u) sqrt(mean(L_t^2)) / sum + u / T (IDDPM section 3.3), float64 [T]."""
-    weights = torch.sqrt(torch.mean(loss_history**2, dim=-1))
-    weights = weights / weights.sum()
-    weights = weights * (1 - uniform_prob)
-    return weights + uniform_prob / len(weights)
 
 
 def append_loss_history(

@@ -27,7 +27,7 @@ uses bf16 batched matmuls (the CPU flash kernel is slower in bf16).
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal
 
 import torch
@@ -42,7 +42,6 @@ from raydiff.core.nn_layers import (
     conv_nd,
     convert_module_to_f16,
     convert_module_to_f32,
-    linear,
     maybe_checkpoint,
     normalization,
     timestep_embedding,
@@ -213,7 +212,7 @@ class ResBlock(TimestepBlock):
 
         self.emb_layers = nn.Sequential(
             nn.SiLU(),
-            linear(
+            nn.Linear(
                 emb_channels, 2 * self.out_channels if use_scale_shift_norm else self.out_channels
             ),
         )
@@ -272,8 +271,10 @@ class _EncoderTrunk(nn.Module):
     def _build_trunk(
         self,
         *,
+        image_size: int | None,
         in_channels: int,
         model_channels: int,
+        out_channels: int,
         num_res_blocks: int,
         attention_resolutions: Collection[int],
         dropout: float,
@@ -281,18 +282,54 @@ class _EncoderTrunk(nn.Module):
         conv_resample: bool,
         dims: int,
         use_checkpoint: bool,
+        use_fp16: bool,
         num_heads: int,
         num_head_channels: int,
+        num_heads_upsample: int,
         use_scale_shift_norm: bool,
         resblock_updown: bool,
         use_new_attention_order: bool,
-    ) -> tuple[list[int], int, int]:
-        """Build the encoder half; returns ``(skip channel counts, channels, downsample rate)``."""
+        with_decoder: bool,
+    ) -> tuple[list[int], int, int, Callable[..., ResBlock], Callable[..., AttentionBlock]]:
+        """Check the arguments, record them and build the encoder half.
+
+        Returns ``(skip channel counts, channels, downsample rate)`` and the residual and
+        attention block builders, which the decoder reuses.
+        """
+        check_unet_architecture(
+            image_size=image_size,
+            in_channels=in_channels,
+            model_channels=model_channels,
+            out_channels=out_channels,
+            num_res_blocks=num_res_blocks,
+            attention_resolutions=attention_resolutions,
+            dropout=dropout,
+            channel_mult=channel_mult,
+            dims=dims,
+            num_heads=num_heads,
+            num_head_channels=num_head_channels,
+            num_heads_upsample=num_heads_upsample,
+            with_decoder=with_decoder,
+        )
+        self.image_size = image_size
+        self.in_channels = in_channels
+        self.model_channels = model_channels
+        self.out_channels = out_channels
+        self.num_res_blocks = num_res_blocks
+        self.attention_resolutions = attention_resolutions
+        self.dropout = dropout
+        self.channel_mult = channel_mult
+        self.conv_resample = conv_resample
+        self.use_checkpoint = use_checkpoint
+        self.use_fp16 = use_fp16
+        self.num_heads = num_heads
+        self.num_head_channels = num_head_channels
+        self.num_heads_upsample = num_heads if num_heads_upsample == -1 else num_heads_upsample
         time_embed_dim = model_channels * 4
         self.time_embed = nn.Sequential(
-            linear(model_channels, time_embed_dim),
+            nn.Linear(model_channels, time_embed_dim),
             nn.SiLU(),
-            linear(time_embed_dim, time_embed_dim),
+            nn.Linear(time_embed_dim, time_embed_dim),
         )
 
         def res_block(channels: int, out_channels: int | None = None, **kwargs: bool) -> ResBlock:
@@ -307,11 +344,11 @@ class _EncoderTrunk(nn.Module):
                 **kwargs,
             )
 
-        def attention_block(channels: int) -> AttentionBlock:
+        def attention_block(channels: int, heads: int = num_heads) -> AttentionBlock:
             return AttentionBlock(
                 channels,
                 use_checkpoint=use_checkpoint,
-                num_heads=num_heads,
+                num_heads=heads,
                 num_head_channels=num_head_channels,
                 use_new_attention_order=use_new_attention_order,
             )
@@ -347,7 +384,20 @@ class _EncoderTrunk(nn.Module):
             res_block(ch), attention_block(ch), res_block(ch)
         )
         self._feature_size += ch
-        return input_block_chans, ch, ds
+        return input_block_chans, ch, ds, res_block, attention_block
+
+    _fp16_parts: tuple[str, ...] = ("input_blocks", "middle_block")
+    """The blocks that ``use_fp16`` converts (the UNet adds its decoder)."""
+
+    def convert_to_fp16(self) -> None:
+        """Convert the torso's convolutions to float16 (guided-diffusion semantics)."""
+        for part in self._fp16_parts:
+            getattr(self, part).apply(convert_module_to_f16)
+
+    def convert_to_fp32(self) -> None:
+        """Convert the torso back to float32."""
+        for part in self._fp16_parts:
+            getattr(self, part).apply(convert_module_to_f32)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -391,6 +441,8 @@ class UNetModel(_EncoderTrunk):
             ``[heads, 3, ch]``.
     """
 
+    _fp16_parts = ("input_blocks", "middle_block", "output_blocks")
+
     def __init__(
         self,
         image_size: int | None = None,
@@ -429,7 +481,8 @@ class UNetModel(_EncoderTrunk):
         assert attention_resolutions is not None
         if num_classes is not None and (isinstance(num_classes, bool) or num_classes < 1):
             raise ValueError(f"num_classes must be None or a positive int, got {num_classes!r}")
-        check_unet_architecture(
+        self.num_classes = num_classes
+        input_block_chans, ch, ds, res_block, attention_block = self._build_trunk(
             image_size=image_size,
             in_channels=in_channels,
             model_channels=model_channels,
@@ -438,90 +491,33 @@ class UNetModel(_EncoderTrunk):
             attention_resolutions=attention_resolutions,
             dropout=dropout,
             channel_mult=channel_mult,
-            dims=dims,
-            num_heads=num_heads,
-            num_head_channels=num_head_channels,
-            num_heads_upsample=num_heads_upsample,
-            with_decoder=True,
-        )
-        if num_heads_upsample == -1:
-            num_heads_upsample = num_heads
-
-        self.image_size = image_size
-        self.in_channels = in_channels
-        self.model_channels = model_channels
-        self.out_channels = out_channels
-        self.num_res_blocks = num_res_blocks
-        self.attention_resolutions = attention_resolutions
-        self.dropout = dropout
-        self.channel_mult = channel_mult
-        self.conv_resample = conv_resample
-        self.num_classes = num_classes
-        self.use_checkpoint = use_checkpoint
-        self.use_fp16 = use_fp16
-        self.num_heads = num_heads
-        self.num_head_channels = num_head_channels
-        self.num_heads_upsample = num_heads_upsample
-
-        time_embed_dim = model_channels * 4
-        input_block_chans, ch, ds = self._build_trunk(
-            in_channels=in_channels,
-            model_channels=model_channels,
-            num_res_blocks=num_res_blocks,
-            attention_resolutions=attention_resolutions,
-            dropout=dropout,
-            channel_mult=channel_mult,
             conv_resample=conv_resample,
             dims=dims,
             use_checkpoint=use_checkpoint,
+            use_fp16=use_fp16,
             num_heads=num_heads,
             num_head_channels=num_head_channels,
+            num_heads_upsample=num_heads_upsample,
             use_scale_shift_norm=use_scale_shift_norm,
             resblock_updown=resblock_updown,
             use_new_attention_order=use_new_attention_order,
+            with_decoder=True,
         )
         if num_classes is not None:
             # Registered after the trunk; key order does not matter for load_state_dict.
-            self.label_emb = nn.Embedding(num_classes, time_embed_dim)
+            self.label_emb = nn.Embedding(num_classes, model_channels * 4)
 
         self.output_blocks = nn.ModuleList([])
         for level, mult in list(enumerate(channel_mult))[::-1]:
             for i in range(num_res_blocks + 1):
                 skip_ch = input_block_chans.pop()
-                layers: list[nn.Module] = [
-                    ResBlock(
-                        ch + skip_ch,
-                        time_embed_dim,
-                        dropout,
-                        out_channels=int(model_channels * mult),
-                        dims=dims,
-                        use_checkpoint=use_checkpoint,
-                        use_scale_shift_norm=use_scale_shift_norm,
-                    )
-                ]
+                layers: list[nn.Module] = [res_block(ch + skip_ch, int(model_channels * mult))]
                 ch = int(model_channels * mult)
                 if ds in attention_resolutions:
-                    layers.append(
-                        AttentionBlock(
-                            ch,
-                            use_checkpoint=use_checkpoint,
-                            num_heads=num_heads_upsample,
-                            num_head_channels=num_head_channels,
-                            use_new_attention_order=use_new_attention_order,
-                        )
-                    )
+                    layers.append(attention_block(ch, self.num_heads_upsample))
                 if level and i == num_res_blocks:
                     layers.append(
-                        ResBlock(
-                            ch,
-                            time_embed_dim,
-                            dropout,
-                            out_channels=ch,
-                            dims=dims,
-                            use_checkpoint=use_checkpoint,
-                            use_scale_shift_norm=use_scale_shift_norm,
-                            up=True,
-                        )
+                        res_block(ch, ch, up=True)
                         if resblock_updown
                         else Upsample(ch, conv_resample, dims=dims, out_channels=ch)
                     )
@@ -571,18 +567,6 @@ class UNetModel(_EncoderTrunk):
                 raise TypeError(f"got multiple values for argument {name!r}")
             kwargs[name] = value
         return cls(**kwargs)
-
-    def convert_to_fp16(self) -> None:
-        """Convert the torso's convolutions to float16 (guided-diffusion semantics)."""
-        self.input_blocks.apply(convert_module_to_f16)
-        self.middle_block.apply(convert_module_to_f16)
-        self.output_blocks.apply(convert_module_to_f16)
-
-    def convert_to_fp32(self) -> None:
-        """Convert the torso back to float32."""
-        self.input_blocks.apply(convert_module_to_f32)
-        self.middle_block.apply(convert_module_to_f32)
-        self.output_blocks.apply(convert_module_to_f32)
 
     @property
     def inner_dtype(self) -> torch.dtype:
@@ -682,10 +666,7 @@ class SuperResModel(UNetModel):
         **kwargs: Any,
     ) -> torch.Tensor:
         """``x: [B, C, H, W]``, ``low_res: [B, C, h, w]`` -> ``[B, out_channels, H, W]``."""
-        if low_res is None:
-            raise ValueError("SuperResModel.forward needs low_res, the low-resolution image")
-        upsampled = F.interpolate(low_res, x.shape[2:], mode="bilinear")  # [B, C, H, W]
-        return super().forward(torch.cat([x, upsampled], dim=1), timesteps, **kwargs)
+        return super().forward(_with_low_res(x, low_res), timesteps, **kwargs)
 
     def get_feature_vectors(  # type: ignore[override]
         self,
@@ -695,10 +676,14 @@ class SuperResModel(UNetModel):
         **kwargs: Any,
     ) -> dict[str, Any]:
         """Intermediate activations for the super-resolution input."""
-        if low_res is None:
-            raise ValueError("SuperResModel needs low_res, the low-resolution image")
-        upsampled = F.interpolate(low_res, x.shape[2:], mode="bilinear")
-        return super().get_feature_vectors(torch.cat([x, upsampled], dim=1), timesteps, **kwargs)
+        return super().get_feature_vectors(_with_low_res(x, low_res), timesteps, **kwargs)
+
+
+def _with_low_res(x: torch.Tensor, low_res: torch.Tensor | None) -> torch.Tensor:
+    """``x: [B, C, H, W]`` and ``low_res: [B, C, h, w]`` upsampled to it -> ``[B, 2C, H, W]``."""
+    if low_res is None:
+        raise ValueError("SuperResModel needs low_res, the low-resolution image")
+    return torch.cat([x, F.interpolate(low_res, x.shape[2:], mode="bilinear")], dim=1)
 
 
 class EncoderUNetModel(_EncoderTrunk):
@@ -746,7 +731,7 @@ class EncoderUNetModel(_EncoderTrunk):
                 raise ValueError('pool="attention" needs image_size (got None)')
         if pool in ("adaptive", "attention") and dims != 2:
             raise ValueError(f'pool="{pool}" supports dims=2 only, got dims={dims}')
-        check_unet_architecture(
+        _, ch, ds, _, _ = self._build_trunk(
             image_size=image_size,
             in_channels=in_channels,
             model_channels=model_channels,
@@ -755,45 +740,17 @@ class EncoderUNetModel(_EncoderTrunk):
             attention_resolutions=attention_resolutions,
             dropout=dropout,
             channel_mult=channel_mult,
-            dims=dims,
-            num_heads=num_heads,
-            num_head_channels=num_head_channels,
-            num_heads_upsample=num_heads_upsample,
-            with_decoder=False,
-        )
-        if num_heads_upsample == -1:
-            num_heads_upsample = num_heads
-
-        self.image_size = image_size
-        self.in_channels = in_channels
-        self.model_channels = model_channels
-        self.out_channels = out_channels
-        self.num_res_blocks = num_res_blocks
-        self.attention_resolutions = attention_resolutions
-        self.dropout = dropout
-        self.channel_mult = channel_mult
-        self.conv_resample = conv_resample
-        self.use_checkpoint = use_checkpoint
-        self.use_fp16 = use_fp16
-        self.num_heads = num_heads
-        self.num_head_channels = num_head_channels
-        self.num_heads_upsample = num_heads_upsample
-
-        _, ch, ds = self._build_trunk(
-            in_channels=in_channels,
-            model_channels=model_channels,
-            num_res_blocks=num_res_blocks,
-            attention_resolutions=attention_resolutions,
-            dropout=dropout,
-            channel_mult=channel_mult,
             conv_resample=conv_resample,
             dims=dims,
             use_checkpoint=use_checkpoint,
+            use_fp16=use_fp16,
             num_heads=num_heads,
             num_head_channels=num_head_channels,
+            num_heads_upsample=num_heads_upsample,
             use_scale_shift_norm=use_scale_shift_norm,
             resblock_updown=resblock_updown,
             use_new_attention_order=use_new_attention_order,
+            with_decoder=False,
         )
         self.pool = pool
         if pool == "adaptive":
@@ -811,29 +768,11 @@ class EncoderUNetModel(_EncoderTrunk):
                 nn.SiLU(),
                 AttentionPool2d(image_size // ds, ch, num_head_channels, out_channels),
             )
-        elif pool == "spatial":
+        else:  # an MLP on the levels' spatial means; spatial_v2 normalises its hidden layer
+            hidden = [normalization(2048), nn.SiLU()] if pool == "spatial_v2" else [nn.ReLU()]
             self.out = nn.Sequential(
-                nn.Linear(self._feature_size, 2048),
-                nn.ReLU(),
-                nn.Linear(2048, out_channels),
+                nn.Linear(self._feature_size, 2048), *hidden, nn.Linear(2048, out_channels)
             )
-        else:  # spatial_v2
-            self.out = nn.Sequential(
-                nn.Linear(self._feature_size, 2048),
-                normalization(2048),
-                nn.SiLU(),
-                nn.Linear(2048, out_channels),
-            )
-
-    def convert_to_fp16(self) -> None:
-        """Convert the torso's convolutions to float16 (guided-diffusion semantics)."""
-        self.input_blocks.apply(convert_module_to_f16)
-        self.middle_block.apply(convert_module_to_f16)
-
-    def convert_to_fp32(self) -> None:
-        """Convert the torso back to float32."""
-        self.input_blocks.apply(convert_module_to_f32)
-        self.middle_block.apply(convert_module_to_f32)
 
     def forward(self, x: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
         """``x: [B, C, H, W]``, ``timesteps: [B]`` -> logits ``[B, out_channels]``."""

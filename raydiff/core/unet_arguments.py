@@ -17,13 +17,6 @@ NUM_NORM_GROUPS = 32
 """GroupNorm's group count in every UNet normalisation layer (improved-diffusion's 32)."""
 
 
-def _attention_levels(
-    channel_mult: Sequence[float], attention_resolutions: Collection[int]
-) -> list[bool]:
-    """Whether each level (downsample rate ``2 ** level``) has attention."""
-    return [2**level in attention_resolutions for level in range(len(channel_mult))]
-
-
 class UNetArgumentError(ValueError):
     """A constructor argument with which no UNet can be built.
 
@@ -69,43 +62,6 @@ def check_unet_architecture(
 
     :raises UNetArgumentError: naming the first bad argument, its value and what would be valid.
     """
-    _check_sizes(
-        in_channels=in_channels,
-        model_channels=model_channels,
-        out_channels=out_channels,
-        num_res_blocks=num_res_blocks,
-        dims=dims,
-        dropout=dropout,
-        channel_mult=channel_mult,
-    )
-    _check_levels(
-        image_size=image_size,
-        model_channels=model_channels,
-        channel_mult=channel_mult,
-        attention_resolutions=attention_resolutions,
-    )
-    _check_heads(
-        model_channels=model_channels,
-        channel_mult=channel_mult,
-        attention_resolutions=attention_resolutions,
-        num_heads=num_heads,
-        num_head_channels=num_head_channels,
-        num_heads_upsample=num_heads_upsample,
-        with_decoder=with_decoder,
-    )
-
-
-def _check_sizes(
-    *,
-    in_channels: int,
-    model_channels: int,
-    out_channels: int,
-    num_res_blocks: int,
-    dims: int,
-    dropout: float,
-    channel_mult: Sequence[float],
-) -> None:
-    """The scalar arguments: positive channel counts, block count, dims, dropout."""
     for name, value in (
         ("in_channels", in_channels),
         ("model_channels", model_channels),
@@ -130,6 +86,21 @@ def _check_sizes(
         raise UNetArgumentError("dropout", dropout, "must be in [0, 1)")
     if len(channel_mult) == 0:
         raise UNetArgumentError("channel_mult", channel_mult, "must list at least one multiplier")
+    _check_levels(
+        image_size=image_size,
+        model_channels=model_channels,
+        channel_mult=channel_mult,
+        attention_resolutions=attention_resolutions,
+    )
+    _check_heads(
+        model_channels=model_channels,
+        channel_mult=channel_mult,
+        attention_resolutions=attention_resolutions,
+        num_heads=num_heads,
+        num_head_channels=num_head_channels,
+        num_heads_upsample=num_heads_upsample,
+        with_decoder=with_decoder,
+    )
 
 
 def _check_levels(
@@ -191,7 +162,7 @@ def _check_heads(
     with_decoder: bool,
 ) -> None:
     """Every attention layer splits its channels evenly into heads."""
-    has_attention = _attention_levels(channel_mult, attention_resolutions)
+    has_attention = [2**level in attention_resolutions for level in range(len(channel_mult))]
     down_channels = [
         int(m * model_channels) for m, a in zip(channel_mult, has_attention, strict=True) if a
     ]

@@ -12,7 +12,6 @@ flags it was trained with. Either way it is described by an ``ExperimentConfig``
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from raydiff.config import DATA_FIELDS_DERIVED, ExperimentConfig, from_dict, to_dict
+from raydiff.core.gaussian_diffusion import CondFn
 from raydiff.errors import UserInputError
 from raydiff.factory import create_classifier
 from raydiff.storage import StoragePath, as_location, local_copy
@@ -113,9 +113,6 @@ def check_guides(classifier: ExperimentConfig, model: ExperimentConfig, *, name:
             f"{name} was trained on T={classifier.diffusion.diffusion_steps} diffusion steps, "
             f"the model on T={model.diffusion.diffusion_steps}: its timesteps would not match"
         )
-
-
-CondFn = Callable[..., torch.Tensor]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -58,11 +58,6 @@ def largest_fitting_batch(fits: Callable[[int], bool], *, limit: int) -> int:
     raise ValueError("not even one sample's sampling step fits in the GPU's free memory")
 
 
-def sample_noise(seed: int, indices: Sequence[int], *, device: torch.device | str) -> RowNoise:
-    """The noise of every sample at ``indices``: a stream each, keyed from (seed, index) alone."""
-    return RowNoise.for_rows(derive_seed(seed, "sample", bits=64), list(indices), device=device)
-
-
 def sample_labels(
     seed: int, indices: Sequence[int], *, num_classes: int, class_labels: Sequence[int] = ()
 ) -> np.ndarray:
@@ -154,7 +149,10 @@ def generate(
         cond_fn=cond_fn,
         model_kwargs=kwargs,
         device=device,
-        generator=sample_noise(seed, indices, device=device),
+        # A noise stream per sample, keyed from (seed, index) alone.
+        generator=RowNoise.for_rows(
+            derive_seed(seed, "sample", bits=64), list(indices), device=device
+        ),
         **extra,
     )
     return to_uint8(images)

@@ -57,13 +57,6 @@ def parse_model_flags(text: str) -> dict[str, str]:
     return flags
 
 
-def ema_files(checkpoint: Path) -> dict[str, Path]:
-    """``{"ema_0.9999": path, "phema_0.080": path, ...}``: the EMA weights a raydiff checkpoint
-    holds, fixed-rate ones and those ``raydiff ema`` reconstructed (post-hoc, by length)."""
-    files = [*sorted(checkpoint.glob("ema_*.pt")), *sorted(checkpoint.glob("phema_*.pt"))]
-    return {f.stem: f for f in files}
-
-
 def load_sampling_model(
     path: str | StoragePath,
     *,
@@ -155,9 +148,11 @@ def _checkpoint_weights(
     if config.train.task != task:
         raise UserInputError(
             f"{checkpoint} is a checkpoint of train.task={config.train.task!r}, not of a "
-            f"{task} model" + _task_hint(config.train.task, task, checkpoint)
+            f"{task} model ({task_spec(config.train.task).usage(str(checkpoint))})"
         )
-    choices = {"model": checkpoint / "model.pt", **ema_files(checkpoint)}
+    # Fixed-rate EMAs, then those `raydiff ema` reconstructed (post-hoc, by length).
+    emas = [*sorted(checkpoint.glob("ema_*.pt")), *sorted(checkpoint.glob("phema_*.pt"))]
+    choices = {"model": checkpoint / "model.pt", **{f.stem: f for f in emas}}
     if weights is None:
         rates = config.optim.ema_rates()
         weights = f"ema_{rates[0]}" if rates and f"ema_{rates[0]}" in choices else "model"
@@ -166,11 +161,6 @@ def _checkpoint_weights(
             f"--weights {weights}: {checkpoint} has no such weights; valid: {', '.join(choices)}"
         )
     return config, choices[weights]
-
-
-def _task_hint(found: str, wanted: str, checkpoint: Path) -> str:
-    """How a checkpoint of task ``found`` is used, where one of ``wanted`` was expected."""
-    return f" ({task_spec(found).usage(str(checkpoint))})"
 
 
 def _published_weights(

@@ -42,14 +42,6 @@ def write_npz(samples: np.ndarray, out_dir: Path, *, labels: np.ndarray | None =
     return path
 
 
-def write_pngs(samples: np.ndarray, out_dir: Path, *, first_index: int = 0) -> list[Path]:
-    """One PNG per sample, ``sample_000000.png`` named by its index."""
-    return [
-        save_png(image, out_dir / f"sample_{first_index + k:06d}.png")
-        for k, image in enumerate(samples)
-    ]
-
-
 def write_grid(samples: np.ndarray, path: Path, *, max_images: int = 256) -> Path:
     """A grid PNG of the first ``max_images`` samples."""
     return save_png(tile(samples[:max_images]), path)
@@ -69,7 +61,8 @@ def write_sampling_outputs(
     folder = MirroredFolder(out)
     try:
         npz = write_npz(samples, folder.local, labels=labels)
-        write_pngs(samples, folder.local / "images")
+        for k, image in enumerate(samples):
+            save_png(image, folder.local / "images" / f"sample_{k:06d}.png")
         write_grid(samples, folder.local / "grid.png")
         (folder.local / SAMPLING_RECORD).write_text(json.dumps(record, indent=2))
         # The record last: a folder holding it holds every sample.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -10,10 +11,15 @@ import torch
 from raydiff.core.attention import (
     AttentionBlock,
     AttentionPool2d,
-    QKVAttention,
-    QKVAttentionLegacy,
     qkv_attention,
 )
+
+
+def channel_first(n_heads: int, *, new_order: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``qkv_attention`` on the originals' channel-first layout: ``[B, 3HC, T] -> [B, HC, T]``."""
+    return lambda qkv: qkv_attention(qkv.transpose(1, 2), n_heads, new_order=new_order).transpose(
+        1, 2
+    )
 
 
 def legacy_einsum_attention(qkv: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -65,7 +71,9 @@ def test_sdpa_matches_legacy_einsum(n_heads: int, length: int) -> None:
     torch.manual_seed(0)
     qkv = torch.randn(3, n_heads * 3 * 8, length)
     expected = legacy_einsum_attention(qkv, n_heads)
-    torch.testing.assert_close(QKVAttentionLegacy(n_heads)(qkv), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        channel_first(n_heads, new_order=False)(qkv), expected, rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("n_heads", [1, 2, 4])
@@ -74,20 +82,26 @@ def test_sdpa_matches_new_order_einsum(n_heads: int, length: int) -> None:
     torch.manual_seed(0)
     qkv = torch.randn(3, 3 * n_heads * 8, length)
     expected = new_order_einsum_attention(qkv, n_heads)
-    torch.testing.assert_close(QKVAttention(n_heads)(qkv), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        channel_first(n_heads, new_order=True)(qkv), expected, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_orders_differ_with_several_heads() -> None:
     # Guards against both paths silently using the same layout.
     torch.manual_seed(0)
     qkv = torch.randn(2, 3 * 4 * 8, 16)
-    assert not torch.allclose(QKVAttention(4)(qkv), QKVAttentionLegacy(4)(qkv))
+    assert not torch.allclose(
+        channel_first(4, new_order=True)(qkv), channel_first(4, new_order=False)(qkv)
+    )
 
 
 def test_orders_agree_with_one_head() -> None:
     torch.manual_seed(0)
     qkv = torch.randn(2, 3 * 16, 16)
-    torch.testing.assert_close(QKVAttention(1)(qkv), QKVAttentionLegacy(1)(qkv))
+    torch.testing.assert_close(
+        channel_first(1, new_order=True)(qkv), channel_first(1, new_order=False)(qkv)
+    )
 
 
 def test_token_major_function_matches_channel_first() -> None:
@@ -102,7 +116,7 @@ def test_sdpa_gradients_match_einsum() -> None:
     qkv = torch.randn(2, 3 * 2 * 8, 12, requires_grad=True)
     grad_out = torch.randn(2, 2 * 8, 12)
     (g_ref,) = torch.autograd.grad(legacy_einsum_attention(qkv, 2), qkv, grad_out)
-    (g_new,) = torch.autograd.grad(QKVAttentionLegacy(2)(qkv), qkv, grad_out)
+    (g_new,) = torch.autograd.grad(channel_first(2, new_order=False)(qkv), qkv, grad_out)
     torch.testing.assert_close(g_new, g_ref, rtol=1e-5, atol=1e-5)
 
 
@@ -191,7 +205,7 @@ def test_bf16_cpu_attention_matches_the_originals_half_precision_formula(new_ord
     # the fp32 result to bf16 precision.
     torch.manual_seed(0)
     qkv = torch.randn(2, 3 * 4 * 16, 64)
-    attend = QKVAttention(4) if new_order else QKVAttentionLegacy(4)
+    attend = channel_first(4, new_order=new_order)
     formula = new_order_einsum_attention if new_order else legacy_einsum_attention
     out = attend(qkv.bfloat16())
     assert out.dtype == torch.bfloat16

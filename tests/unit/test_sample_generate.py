@@ -17,7 +17,7 @@ from raydiff.sample.generate import (
     sample_labels,
     to_uint8,
 )
-from raydiff.sample.outputs import npz_name, write_grid, write_npz, write_pngs
+from raydiff.sample.outputs import npz_name, write_grid, write_npz, write_sampling_outputs
 from raydiff.train.compilation import compile_static
 
 pytestmark = pytest.mark.unit
@@ -103,8 +103,9 @@ def test_npz_pngs_and_grid_follow_improved_diffusions_layout(tmp_path):
         np.testing.assert_array_equal(data["arr_0"], samples)
         np.testing.assert_array_equal(data["arr_1"], labels)
     assert not list(tmp_path.glob("*.tmp*"))
-    pngs = write_pngs(samples, tmp_path / "png", first_index=10)
-    assert [p.name for p in pngs][:2] == ["sample_000010.png", "sample_000011.png"]
+    write_sampling_outputs(samples, tmp_path / "out", labels=None, record={})
+    pngs = sorted((tmp_path / "out" / "images").iterdir())
+    assert [p.name for p in pngs][:2] == ["sample_000000.png", "sample_000001.png"]
     np.testing.assert_array_equal(np.asarray(Image.open(pngs[1])), samples[1])
     grid = np.asarray(Image.open(write_grid(samples, tmp_path / "grid.png")))
     assert grid.shape == (2 + 2 * 10, 2 + 3 * 10, 3)  # 3 columns, 2 rows, 2 px padding
