@@ -38,14 +38,12 @@ from raydiff.train.checkpoint import load_checkpoint
 from raydiff.train.compilation import LoopCompilation
 from raydiff.train.data_position import DataPosition
 from raydiff.train.failure import note_step
-from raydiff.train.metric_accumulator import MetricAccumulator
-from raydiff.train.progress import format_eta, headline_fields
 from raydiff.train.rank_optimizer import StepResult
+from raydiff.train.reporting import MetricAccumulator, ThroughputWindow, format_eta, headline_fields
 from raydiff.train.run_files import RunFiles
 from raydiff.train.runtime import Runtime
 from raydiff.train.task import Batch, TaskFactory
 from raydiff.train.tasks import task_of_config, task_spec
-from raydiff.train.throughput_window import ThroughputWindow
 from raydiff.train.validation import rank_rows, weights_swapped
 
 logger = logging.getLogger(__name__)

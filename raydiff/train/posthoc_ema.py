@@ -94,29 +94,15 @@ def rate_to_sigma_rel(rate: float, *, step: int) -> float:
     return 1.0 / (-math.log(rate) * step)
 
 
-def _inner_products(
+def inner_products(
     t_a: np.ndarray, gamma_a: np.ndarray, t_b: np.ndarray, gamma_b: np.ndarray
 ) -> np.ndarray:
-    """Eq. 151 over broadcast arrays: the integral of p_a * p_b over time, where the shorter
-    profile's end cuts the integral (times > 0, gamma_a + gamma_b + 1 > 0 checked by callers)."""
+    """<p_a, p_b> (eq. 151, algorithm 3) over broadcast arrays: the integral of p_a * p_b over
+    time, where the shorter profile's end cuts the integral (times > 0, gamma_a + gamma_b + 1 > 0
+    checked by callers)."""
     exponent = np.where(t_a < t_b, gamma_b, -gamma_a)
     numerator = (gamma_a + 1) * (gamma_b + 1) * (t_a / t_b) ** exponent
     return numerator / ((gamma_a + gamma_b + 1) * np.maximum(t_a, t_b))
-
-
-def profile_inner_product(t_a: float, gamma_a: float, t_b: float, gamma_b: float) -> float:
-    """<p_a, p_b> of the profiles ending at ``t_a`` and ``t_b`` with exponents ``gamma_a`` and
-    ``gamma_b`` (eq. 151, algorithm 3)."""
-    for name, t in (("t_a", t_a), ("t_b", t_b)):
-        if not (math.isfinite(t) and t > 0):
-            raise ValueError(f"{name} {t} is invalid: a profile ends at a training time > 0")
-    if not gamma_a + gamma_b + 1 > 0 or min(gamma_a, gamma_b) <= -1:
-        raise ValueError(
-            f"gammas {gamma_a} and {gamma_b} are invalid: each must be > -1 and their sum > -1 "
-            "(else the product of the profiles is not integrable)"
-        )
-    value = _inner_products(*(np.float64(x) for x in (t_a, gamma_a, t_b, gamma_b)))
-    return float(value)
 
 
 def _profile_arrays(
@@ -151,7 +137,7 @@ def _check_snapshots(snapshots: Sequence[tuple[float, float]]) -> None:
 def _gram(
     a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
 ) -> np.ndarray:  # [len(a), len(b)]
-    return _inner_products(a[0][:, None], a[1][:, None], b[0][None, :], b[1][None, :])
+    return inner_products(a[0][:, None], a[1][:, None], b[0][None, :], b[1][None, :])
 
 
 def reconstruction_coefficients(

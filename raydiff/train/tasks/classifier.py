@@ -20,8 +20,7 @@ import torch.nn.functional as F
 from raydiff.config import ExperimentConfig
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.factory import create_classifier, create_gaussian_diffusion
-from raydiff.train.batch import Batch, ValBatches
-from raydiff.train.runtime import Runtime
+from raydiff.train.runtime import Batch, Runtime, ValBatches
 from raydiff.train.task import Metric, TaskSpec
 
 TERMS = ("loss", "acc@1", "acc@5")

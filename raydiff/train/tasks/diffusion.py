@@ -18,8 +18,7 @@ from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.respace import SpacedDiffusion
 from raydiff.factory import create_gaussian_diffusion, create_model
 from raydiff.seeding import derive_seed
-from raydiff.train.batch import Batch, ValBatches
-from raydiff.train.runtime import Runtime
+from raydiff.train.runtime import Batch, Runtime, ValBatches
 from raydiff.train.sample_grid import draw_samples, sampling_diffusion
 from raydiff.train.task import Metric, TaskSpec
 from raydiff.train.validation import (
