@@ -96,15 +96,15 @@ class Backend(Protocol):
     KEEPS_RUNS: bool
     """Whether it has runs of its own, whose ids ``tracking.json`` keeps (TensorBoard's events
     are the run folder's own)."""
-    start: Callable[..., dict[str, Any]]
-    """``(config, *, folder, key, entry, parent, sweep)``: the folder's run (``entry``: the one
-    ``tracking.json`` names, if any) created or found again; its entry for ``tracking.json``."""
     open_tracker: Callable[..., Tracker]
     """``(config, entry, *, run_dir, local_dir, start_step, role)``: a :class:`Tracker` logging
     into the run ``entry`` names (None: a backend without runs); the backend's tracker class."""
+    start: Callable[..., dict[str, Any]]
+    """(``KEEPS_RUNS`` only) ``(config, *, folder, key, entry, parent, sweep)``: the folder's run
+    (``entry``: the one ``tracking.json`` names, if any) created or found again; its entry."""
     log_results: Callable[..., None]
-    """``(entry, *, results_csv, folder)``: a sweep's or family's table in its parent run,
-    which then ends."""
+    """(``KEEPS_RUNS`` only) ``(entry, *, results_csv, folder)``: a sweep's or family's table in
+    its parent run, which then ends."""
 
 
 def read_state(folder: StoragePath) -> dict[str, Any]:

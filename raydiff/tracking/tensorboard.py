@@ -9,7 +9,7 @@ attempt logged after its last checkpoint is dropped on resume anyway, see ``purg
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -88,12 +88,4 @@ class TensorBoardTracker:
                 self.events.publish(file.name, min_interval_s=min_interval_s)
 
 
-def start(config: ExperimentConfig, **kwargs: Any) -> dict[str, Any]:
-    return {}  # not called (KEEPS_RUNS): the events are the run folder's own
-
-
 open_tracker = TensorBoardTracker  # the Backend protocol's name for it
-
-
-def log_results(entry: Mapping[str, Any], **kwargs: Any) -> None:
-    pass  # not called (KEEPS_RUNS): no parent runs; the table is in the sweep's folder

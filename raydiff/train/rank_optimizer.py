@@ -243,7 +243,12 @@ class RankOptimizer:
         Returns the gradient norm and whether the optimiser stepped."""
         self.precision.unscale_(self.optimizer)
         grads = [p.grad for p in self.raw_model.parameters() if p.grad is not None]
-        grad_norm = self._grad_norm(grads)
+        # The total 2-norm, in fp32 whatever the gradients' dtype.
+        grad_norm = (
+            torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
+            if grads
+            else torch.zeros((), device=self.device)
+        )
         grads_finite = bool(torch.isfinite(grad_norm))
         if grads_finite and self.optim_config.grad_clip > 0 and grads:
             # clip_grad_norm_'s scaling, with the norm above: the norm is computed once a step.
@@ -266,13 +271,6 @@ class RankOptimizer:
             )
             self._check_collapse()
         return grad_norm, stepped
-
-    def _grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """The gradients' total 2-norm, in fp32 whatever their dtype."""
-        if not grads:
-            return torch.zeros((), device=self.device)
-        norms = torch._foreach_norm(grads)
-        return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
 
     def _check_collapse(self) -> None:
         limit = self.train_config.max_consecutive_skipped

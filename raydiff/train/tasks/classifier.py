@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +69,7 @@ def random_resized_crop(
     return torch.stack(out)
 
 
+@dataclass(kw_only=True, eq=False)
 class ClassifierTask:
     """A classifier of ``x_t`` (or of clean images) trained on the data's labels ``y``.
 
@@ -75,20 +77,11 @@ class ClassifierTask:
     :param random_crop: apply :func:`random_resized_crop` to training batches.
     """
 
-    preview_columns: int | None = None  # no preview
-
-    def __init__(
-        self,
-        *,
-        model: torch.nn.Module,
-        diffusion: GaussianDiffusion,
-        noised: bool,
-        random_crop: bool,
-    ) -> None:
-        self.model = model
-        self.diffusion = diffusion
-        self.noised = noised
-        self.random_crop = random_crop
+    model: torch.nn.Module
+    diffusion: GaussianDiffusion
+    noised: bool
+    random_crop: bool
+    preview_columns = None  # no preview
 
     @classmethod
     def from_config(cls, config: ExperimentConfig) -> ClassifierTask:

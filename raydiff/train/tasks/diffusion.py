@@ -9,6 +9,7 @@ its preview shows are parts the task is built from, so the upsampler
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -49,23 +50,15 @@ class Preview(Protocol):
         ...
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
 class SamplePreview:
     """DDIM samples from noise; a class-conditional model's get the classes in turn."""
 
+    diffusion: SpacedDiffusion
+    count: int
+    image_shape: tuple[int, int, int]
+    num_classes: int | None
     columns: int | None = None
-
-    def __init__(
-        self,
-        *,
-        diffusion: SpacedDiffusion,
-        count: int,
-        image_shape: tuple[int, int, int],
-        num_classes: int | None,
-    ) -> None:
-        self.diffusion = diffusion
-        self.count = count
-        self.image_shape = image_shape
-        self.num_classes = num_classes
 
     def draw(self, model: torch.nn.Module, *, seed: int) -> torch.Tensor:
         return draw_samples(
