@@ -1,26 +1,15 @@
 """Experiment tracking, the one logging seam: every writer of metrics (the training loop's main
 rank, the checkpoint evaluator, ``raydiff evaluate``, the post-hoc EMA sweep) logs through
 :class:`Trackers`. One interface (:class:`Tracker`), one module per backend (:class:`Backend`:
-:mod:`.tensorboard`, :mod:`.mlflow`, :mod:`.wandb`), chosen by ``tracking.backend``.
+:mod:`.tensorboard`, :mod:`.mlflow`, :mod:`.wandb`), chosen by ``tracking.backend``. No Ray here.
 
-One tracked run per run folder, whatever happens to the run. The driver (a Ray run's, a
-``--single-process`` run's, a sweep trial's) calls :func:`start_tracking` before anything trains:
-it creates the backends' runs once and keeps their ids in ``RUN/tracking.json`` (written
-atomically; a URI's too). The main rank (:func:`open_trackers`), and every evaluation of the
-run's checkpoints (:func:`log_evaluation`), log into the runs named there, so a resumed run, a
-restarted worker group, an elastic resize and a preemption continue the same tracked run.
-
-A step is logged once: a tracker knows the last step its run holds (``logged_through``, read
-when it opens), and steps up to it, trained again after a restart from an older checkpoint, are
-not logged again (the run keeps the first values of those steps; MLflow keeps every value of a
-step, so the rule must drop the second ones). TensorBoard drops the other way: its writer purges
-the events past the checkpoint (``purge_step``), and the steps are written again.
-
-A sweep is a parent run with a child per trial, a family one with a child per trained stage
-(:func:`start_parent_tracking`: the parent's ids in the sweep's or family's folder's
-``tracking.json``; the children's :func:`start_tracking` name it as their parent), and its
-results table (a sweep's ``results.csv``, a family's ``report.csv``) goes to the parent
-(:func:`finish_parent_tracking`). No Ray here.
+One tracked run per run folder, whatever happens to the run (docs/tracking.md): the driver
+creates it (:func:`start_tracking`) and keeps its ids in ``RUN/tracking.json``, where the main
+rank (:func:`open_trackers`) and every evaluation (:func:`log_evaluation`) find it again. Each
+step is logged once: a tracker knows the last step its run holds (``logged_through``), and steps
+up to it, trained again after a restart from an older checkpoint, are not logged again (MLflow
+would keep both values). A sweep or family is a parent run (:func:`start_parent_tracking`,
+:func:`finish_parent_tracking`: its results table) with a child per trial or stage.
 """
 
 from __future__ import annotations
@@ -127,6 +116,11 @@ def flat_params(config: ExperimentConfig) -> dict[str, str]:
         for section, fields in to_dict(config).items()
         for name, value in fields.items()
     }
+
+
+def greyscale_2d(image: np.ndarray) -> np.ndarray:
+    """A one-channel ``[H, W, 1]`` image as ``[H, W]`` (greyscale), others as they are."""
+    return image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image
 
 
 def _backends(config: ExperimentConfig) -> dict[str, Backend]:

@@ -1,15 +1,6 @@
-"""Complete training checkpoints, one directory each, written atomically.
-
-Layout of ``checkpoint_000500/``::
-
-    model.pt              model state dict (loads into UNetModel; improved-diffusion compatible)
-    ema_0.9999.pt         one model-format state dict per EMA rate
-    trainer.pt            optimiser, grad scaler, timestep sampler (incl. loss history), step,
-                          skipped steps, data position, RNG states
-    config.json           the full resolved config
-    metrics.json          the metrics reported with it (what a finished run's rerun prints)
-    progress.json         step and data position (epoch, samples into it), readable without torch
-    files.json            written last: every other file's name and size in bytes
+"""Complete training checkpoints, one directory each, written atomically (``checkpoint_NNNNNN/``:
+``model.pt``, ``ema_<rate>.pt``, ``trainer.pt``, ``config.json``, ``metrics.json``,
+``progress.json`` and, written last, ``files.json``; docs/training.md, "What a run writes").
 
 A checkpoint is complete when ``files.json`` is there and every file it lists has its size.
 That is what makes a copy safe to resume from even when the copy is not atomic: Ray Train

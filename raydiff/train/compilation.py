@@ -7,17 +7,10 @@ and previews call the uncompiled module compiled for inference (:func:`compile_s
 into which the loop swaps the EMA weights.
 
 Compiling a UNet takes minutes, and an elastic resize, a preemption or a resume restarts every
-worker process, so the artefacts live in the run folder (``compile_cache/``):
-
-- ``artifacts.bin``: PyTorch's portable cache ("mega-cache", ``torch.compiler.
-  save_cache_artifacts``): the FX graphs, AOTAutograd graphs and, on CUDA, the Triton kernels
-  compiled so far. The main rank writes it after this process's first compiled step; every rank
-  loads it before its first step (``torch.compiler.load_cache_artifacts``). A run folder on
-  object storage keeps it too.
-- ``inductor/``: inductor's own cache folder (``TORCHINDUCTOR_CACHE_DIR``) while the run trains,
-  for a run folder on this machine's disks. On a CPU the mega-cache does not hold the compiled
-  C++ kernels (torch 2.13: a restart that loaded it still spent most of a cold compile in the C++
-  compiler), and this folder does.
+worker process, so the artefacts live in the run folder (``compile_cache/``): PyTorch's portable
+cache ``artifacts.bin`` (written by the main rank, loaded by every rank; an object store's run
+folder too) and, for a local run folder, inductor's own cache folder ``inductor/``, which alone
+holds a CPU's compiled C++ kernels (docs/training.md, "Compiled training (`train.compile`)").
 """
 
 from __future__ import annotations

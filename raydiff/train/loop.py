@@ -7,17 +7,8 @@ the runtime's checkpoint if there is one, then steps until ``train.max_steps``: 
 What is trained (model, loss, validation, preview) is the task's business
 (:class:`raydiff.train.task.Task`: by default the one ``train.task`` names); where it runs (rank, data,
 collectives, how checkpoints are stored) is the :class:`raydiff.train.runtime.Runtime`'s. No Ray
-here.
-
-Files under ``output_dir`` (the main rank writes them, ``raydiff.train.run_files``)::
-
-    checkpoint_NNNNNN/               complete checkpoints (raydiff.train.checkpoint)
-    samples/samples_NNNNNN.png       previews: EMA sample grids (DDIM)
-    tensorboard/                     TensorBoard event files (scalars, sample grids, histograms)
-    tracking.json                    the run's tracked runs (MLflow, W&B: raydiff.tracking)
-    config.json                      the resolved config
-    compile_cache/                   with train.compile: the compiled artefacts, which a
-                                     restarted or resumed run loads (raydiff.train.compilation)
+here. What the main rank writes under ``output_dir`` (``raydiff.train.run_files``):
+docs/training.md, "What a run writes".
 """
 
 from __future__ import annotations
