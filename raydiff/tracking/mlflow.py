@@ -1,12 +1,7 @@
 """MLflow (``pip install 'raydiff[mlflow]'``): one MLflow run per run folder, through
-``MlflowClient`` (no fluent API: no process-global active run).
-
-The run holds the config as params, the metrics at their steps, the preview grids and checkpoint
-evaluations as images, and tags: ``checkpoint_NNNNNN`` (where each checkpoint is),
-``raydiff.logged_through`` (the last step logged: set in the same ``log_batch`` as the step's
-metrics, which the tracking store writes at once or not at all) and ``raydiff.key`` (the run
-folder's identity, :data:`raydiff.tracking.TRACKING_FILE`). A sweep's trials are children
-of its parent run (``mlflow.parentRunId``), whose artifact ``results.csv`` is the sweep's table.
+``MlflowClient`` (no fluent API: no process-global active run); what it holds: docs/tracking.md.
+``raydiff.logged_through`` is set in the same ``log_batch`` as its step's metrics, which the
+tracking store writes at once or not at all.
 """
 
 from __future__ import annotations

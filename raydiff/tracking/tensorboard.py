@@ -1,10 +1,8 @@
 """TensorBoard, the default tracker (a dependency of raydiff itself): event files in the run
 folder's ``tensorboard/``, the main rank's (``train/<metric>``, ``samples/ema``,
 ``sampler/weights``) and each evaluation's in a file of its own (``*.evaluation``: ``eval/...``).
-
-A run folder under a URI gets the same files, staged locally and uploaded: the main rank's at
-every checkpoint and at most every ``EVENTS_UPLOAD_INTERVAL_S`` in between (what a failed
-attempt logged after its last checkpoint is dropped on resume anyway, see ``purge_step``).
+A URI's run folder gets them uploaded at every checkpoint and at most every
+``EVENTS_UPLOAD_INTERVAL_S`` in between (a failed attempt's later events are purged on resume).
 """
 
 from __future__ import annotations

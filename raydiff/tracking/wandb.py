@@ -1,13 +1,8 @@
 """Weights & Biases (``pip install 'raydiff[wandb]'``): one W&B run per run folder, its id
-chosen by the driver and kept in ``tracking.json``; every process that logs into it (the main
-rank of each worker group, the checkpoint evaluator) resumes it by that id.
-
-Offline (``tracking.wandb_mode``; 'auto' is offline without WANDB_API_KEY) each process writes
-its part into ``RUN/wandb/offline-run-*-<id>/`` (a URI's run: its staging folder), which
-``wandb sync`` uploads into the one run. W&B keeps no per-step history a resumed process could
-read while offline, so the last step logged is kept in ``tracking.json`` (``logged_through``,
-written after each report). A sweep's trials share a W&B group; its parent run (job type
-``sweep``) holds the results table.
+chosen by the driver and kept in ``tracking.json``; every process that logs into it resumes it
+by that id (offline: each writes its part into ``RUN/wandb/``, which ``wandb sync`` uploads into
+the one run). W&B keeps no history an offline process could read back, so the last step logged
+is kept in ``tracking.json`` (``logged_through``). docs/tracking.md says the rest.
 """
 
 from __future__ import annotations

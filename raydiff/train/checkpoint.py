@@ -140,7 +140,11 @@ def save_checkpoint(root: StoragePath, step: int, **files: Any) -> StoragePath:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync_directory(local)  # the rename itself survives a power cut
+        fd = os.open(local, os.O_RDONLY)  # the rename itself survives a power cut
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -156,14 +160,6 @@ def _upload_checkpoint(root: StoragePath, step: int, **files: Any) -> StoragePat
         (final / FILES_FILE).unlink(missing_ok=True)
         upload(Path(tmp), final, last=FILES_FILE)
     return final
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def require_checkpoint_dir(directory: StoragePath) -> StoragePath:

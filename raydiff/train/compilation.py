@@ -59,11 +59,8 @@ class CompileCache:
     def __init__(self, run_dir: StoragePath, *, is_main: bool) -> None:
         self.folder = run_dir / CACHE_FOLDER
         self.is_main = is_main
+        self.artifacts = self.folder / ARTIFACTS_FILE
         self.held: dict[str, list[str]] = {}  # the artefacts' keys in the run folder, by kind
-
-    @property
-    def artifacts(self) -> StoragePath:
-        return self.folder / ARTIFACTS_FILE
 
     @contextlib.contextmanager
     def inductor_folder(self) -> Iterator[None]:

@@ -78,13 +78,9 @@ class RankOptimizer:
         the uncompiled module.
 
     Every random draw of a step is seeded at the start of the step, so a run resumed at step k
-    draws what the uninterrupted run drew at step k, and no generator state needs saving. The
-    timesteps (drawn for the whole global batch, each rank keeping its rows'), the q_sample
-    noise (each row from a stream keyed by (``train.seed``, step, row of the global batch)) and
-    a task's augmentations (each row's from ``batch["augment_seed"]``, keyed the same way) do
-    not depend on the number of workers or microbatches (a run resized mid-way trains as the
-    fixed-size run does, to the rounding of the gradient reduction). The model's own draws
-    (dropout) come from a stream keyed by (``train.seed``, rank, step).
+    draws what the uninterrupted run drew at step k and no generator state needs saving; the
+    timesteps, noise and augmentations are keyed by the row of the global batch, so a run resized
+    mid-way trains as the fixed-size run does (docs/architecture.md names each stream).
     """
 
     def __init__(
@@ -220,12 +216,9 @@ class RankOptimizer:
     def _draw_for_batch(
         self, x: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This rank's timesteps, importance weights, noise and augmentation seeds, such that a
-        global batch's draws do not depend on how it is split: the timesteps are drawn for every
-        row of the global batch (a few integers each) and this rank keeps its rows'; the noise
-        is drawn for this rank's rows only, each row from its own stream keyed by (seed, step,
-        row of the global batch), so the work and memory stay one local batch's at any worker
-        count; each row's augmentation seed (int64, CPU) is keyed the same way."""
+        """This rank's timesteps, importance weights, noise and augmentation seeds (int64, CPU):
+        the timesteps drawn for the whole global batch (a few integers a row), the noise and
+        seeds for this rank's rows only, each keyed by (seed, step, row of the global batch)."""
         first = self.rank * self.local_batch_size
         rows = range(first, first + self.local_batch_size)
         t, weights = self.sampler.sample(self.local_batch_size * self.world_size, self.device)

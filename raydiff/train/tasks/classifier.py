@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from raydiff.config import ExperimentConfig
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.factory import create_classifier, create_gaussian_diffusion
-from raydiff.train.runtime import Batch, Runtime, ValBatches
+from raydiff.train.runtime import Batch, ValBatches
 from raydiff.train.task import Metric, TaskSpec
 
 TERMS = ("loss", "acc@1", "acc@5")
@@ -178,11 +178,6 @@ def _add(totals: dict[str, torch.Tensor], name: str, values: torch.Tensor) -> No
     totals[name] = totals[name] + values.double().sum()
 
 
-def classifier_task(config: ExperimentConfig, *, runtime: Runtime) -> ClassifierTask:
-    """The :class:`raydiff.train.task.TaskFactory` of ``train.task=classifier``."""
-    return ClassifierTask.from_config(config)
-
-
 def describe_classifier(config: ExperimentConfig) -> str:
     """What the classifier learns, as the start-up line names it."""
     seen = "of x_t" if config.classifier.noised else "at t = 0"
@@ -241,7 +236,7 @@ terms (every ``log_interval``)."""
 
 SPEC = TaskSpec(
     name="classifier",
-    build=classifier_task,
+    build=lambda config, *, runtime: ClassifierTask.from_config(config),
     network=create_classifier,
     describe=describe_classifier,
     usage=lambda checkpoint: (
