@@ -36,19 +36,13 @@ INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
 def compile_static(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` compiled with every shape static (``dynamic=False``): one graph per shape,
-    instead of a slower dynamic-shape graph for all. Used for
-
-    - the training step (``model``: the module the step calls, the DDP wrapper on several
-      workers). DDP is wrapped first and compiled after, as PyTorch's DDP notes ask: dynamo then
-      splits the graph at DDP's gradient buckets (its DDPOptimizer), so the all-reduce of a
-      bucket overlaps the rest of the backward pass. The per-worker microbatch, the image size,
-      the timesteps and labels of a microbatch are fixed for a run, so a run compiles once and
-      a new shape (an elastic resize's batch) compiles once more;
-    - inference: ``raydiff sample --compile``'s sampling loop, and a compiled run's validation
-      and previews. The fixed batches of ``raydiff.sample.generate.index_batches`` have one
-      size (the last may have another), so every batch of one size runs the same kernels
-      wherever it runs and a sample still depends on (seed, index) alone. The compiled module
-      calls ``model``'s parameters: the EMA weights the loop swaps into them compile nothing new.
+    instead of a slower dynamic-shape graph for all (a run's shapes are fixed; an elastic resize
+    compiles once more). Used for the training step, DDP wrapped first, as PyTorch's DDP notes
+    ask, so dynamo splits the graph at DDP's gradient buckets and each bucket's all-reduce
+    overlaps the rest of the backward pass; and for inference (``raydiff sample --compile``, a
+    compiled run's validation and previews), where every batch of one size runs the same
+    kernels, so a sample still depends on (seed, index) alone. The compiled module calls
+    ``model``'s parameters: the EMA weights swapped into them compile nothing new.
     """
     return torch.compile(model, dynamic=False)
 

@@ -241,7 +241,7 @@ class TrainingLoop:
             headline_fields(report, task=self.spec),
             format_eta(eta),
         )
-        self.files.publish_events(now=publish_now)
+        self.files.trackers.flush(now=publish_now)  # now: whatever their intervals
 
     def evaluate(self) -> dict[str, float]:
         """The task's validation of the evaluation (EMA) weights: every rank its share of the

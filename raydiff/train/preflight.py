@@ -100,15 +100,11 @@ def plan_start(
     resume: StoragePath | None = None,
     num_workers: int | None = None,
 ) -> StartPoint:
-    """Every check before a run starts (the Ray driver and ``--single-process`` alike), and the
-    checkpoint it continues from: ``--resume``, else the newest complete one in ``output_dir``.
-
-    Raises naming the field (:func:`check_run`, :func:`check_resume_target`,
-    :func:`check_resume_compatible`). A run already at ``train.max_steps`` comes back with
-    ``finished`` set and a warning that says how to train on: re-running it (``make demo``
-    twice) would otherwise load the data, build the model (and on Ray start the worker group
-    and the data pipeline) only to train zero steps. Checkpoints written before
-    ``progress.json`` existed do not count as finished (their step is only in ``trainer.pt``).
+    """Every check before a run starts (the Ray driver and ``--single-process`` alike), raising
+    naming the field, and the checkpoint it continues from: ``--resume``, else the newest
+    complete one in ``output_dir``. A run already at ``train.max_steps`` (by its
+    ``progress.json``) comes back with ``finished`` set and a warning that says how to train on,
+    instead of loading the data and building the model to train zero steps.
     """
     check_run(config, manifest=manifest, resume=resume, num_workers=num_workers)
     check_resume_target(output_dir, resume)

@@ -1,9 +1,5 @@
 """The per-rank optimiser step, which the one training loop drives on every rank: microbatching,
-mixed precision, importance weights, EMA.
-
-No Ray here. ``raydiff.train.build.build_rank_optimizer`` hands a ``RankOptimizer`` its (optionally
-DDP-wrapped) model, the task's loss on a batch and the timestep sampler; the one loop
-(``raydiff.train.loop``) drives it.
+mixed precision, importance weights, the averages (built by ``raydiff.train.build``). No Ray.
 """
 
 from __future__ import annotations

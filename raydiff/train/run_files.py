@@ -97,10 +97,6 @@ class RunFiles:
         if self.files.is_remote:  # uploaded: the staging folder need not keep every snapshot
             path.unlink()
 
-    def publish_events(self, *, now: bool) -> None:
-        """The trackers' buffers written out (``now``: whatever their intervals)."""
-        self.trackers.flush(now=now)
-
     def close(self) -> None:
         self.trackers.close()
         self.files.close()
