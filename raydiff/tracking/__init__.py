@@ -26,7 +26,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from raydiff.config import ExperimentConfig
+from raydiff.config import ExperimentConfig, to_dict
 from raydiff.storage import StoragePath, write_text_atomically
 
 TRACKING_FILE = "tracking.json"
@@ -109,8 +109,6 @@ def write_state(folder: StoragePath, state: Mapping[str, Any]) -> None:
 
 def flat_params(config: ExperimentConfig) -> dict[str, str]:
     """The resolved config as ``section.field`` -> its value as text."""
-    from raydiff.config import to_dict
-
     return {
         f"{section}.{name}": str(value)
         for section, fields in to_dict(config).items()
@@ -133,8 +131,7 @@ def _backends(config: ExperimentConfig) -> dict[str, Backend]:
 
 
 def keeps_runs(config: ExperimentConfig) -> bool:
-    """Whether a backend of ``config`` has runs of its own (MLflow, W&B), kept in
-    ``tracking.json``."""
+    """Whether a backend of ``config`` has runs of its own (MLflow, W&B: in ``tracking.json``)."""
     return any(backend.KEEPS_RUNS for backend in _backends(config).values())
 
 

@@ -33,13 +33,10 @@ def check_run(
     resume: StoragePath | None = None,
     num_workers: int | None = None,
 ) -> None:
-    """Raise ValueError / FileNotFoundError naming the field when the run cannot start.
-
-    Checks the batch split over ``num_workers`` (default: every size ``scaling.num_workers``
-    allows) and
-    microbatches, that the prepared shards exist and match the model (image size, channels,
-    classes), that ``train.init_checkpoint`` and ``resume`` exist, and that the trackers of
-    ``tracking.backend`` are installed.
+    """Raise ValueError / FileNotFoundError naming the field when the run cannot start: the
+    batch split over ``num_workers`` (default: every size ``scaling.num_workers`` allows) and
+    microbatches, the prepared shards against the model (image size, channels, classes),
+    ``train.init_checkpoint`` and ``resume``, the trackers of ``tracking.backend`` installed.
     """
     config.tracking.check_installed()  # a tracker's extra: refused here, not in a worker
     if num_workers is None:
