@@ -110,7 +110,7 @@ class Stepper:
             # What raydiff's RankOptimizer steps with (fused AdamW); the reference keeps torch's default
             # AdamW, as improved-diffusion's TrainLoop builds it.
             from raydiff.config import OptimConfig
-            from raydiff.train.optimizer import build_optimizer
+            from raydiff.train.rank_optimizer import build_optimizer
 
             self.opt = build_optimizer(
                 self.model.parameters(), optim=OptimConfig(lr=1e-4, weight_decay=0.0)

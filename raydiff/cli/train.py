@@ -192,7 +192,7 @@ def manifest_preparing_demo(data_dir: str) -> Manifest:
 
 def format_result(metrics: dict[str, Any], *, task: str) -> str:
     """A run's final step and its task's headline metrics, on one line."""
-    from raydiff.train.progress import headline_fields
+    from raydiff.train.reporting import headline_fields
     from raydiff.train.tasks import task_spec
 
     step = f"step {metrics['step']}  " if "step" in metrics else ""

@@ -1,26 +1,15 @@
 """Experiment tracking, the one logging seam: every writer of metrics (the training loop's main
 rank, the checkpoint evaluator, ``raydiff evaluate``, the post-hoc EMA sweep) logs through
 :class:`Trackers`. One interface (:class:`Tracker`), one module per backend (:class:`Backend`:
-:mod:`.tensorboard`, :mod:`.mlflow`, :mod:`.wandb`), chosen by ``tracking.backend``.
+:mod:`.tensorboard`, :mod:`.mlflow`, :mod:`.wandb`), chosen by ``tracking.backend``. No Ray here.
 
-One tracked run per run folder, whatever happens to the run. The driver (a Ray run's, a
-``--single-process`` run's, a sweep trial's) calls :func:`start_tracking` before anything trains:
-it creates the backends' runs once and keeps their ids in ``RUN/tracking.json`` (written
-atomically; a URI's too). The main rank (:func:`open_trackers`), and every evaluation of the
-run's checkpoints (:func:`log_evaluation`), log into the runs named there, so a resumed run, a
-restarted worker group, an elastic resize and a preemption continue the same tracked run.
-
-A step is logged once: a tracker knows the last step its run holds (``logged_through``, read
-when it opens), and steps up to it, trained again after a restart from an older checkpoint, are
-not logged again (the run keeps the first values of those steps; MLflow keeps every value of a
-step, so the rule must drop the second ones). TensorBoard drops the other way: its writer purges
-the events past the checkpoint (``purge_step``), and the steps are written again.
-
-A sweep is a parent run with a child per trial, a family one with a child per trained stage
-(:func:`start_parent_tracking`: the parent's ids in the sweep's or family's folder's
-``tracking.json``; the children's :func:`start_tracking` name it as their parent), and its
-results table (a sweep's ``results.csv``, a family's ``report.csv``) goes to the parent
-(:func:`finish_parent_tracking`). No Ray here.
+One tracked run per run folder, whatever happens to the run (docs/tracking.md): the driver
+creates it (:func:`start_tracking`) and keeps its ids in ``RUN/tracking.json``, where the main
+rank (:func:`open_trackers`) and every evaluation (:func:`log_evaluation`) find it again. Each
+step is logged once: a tracker knows the last step its run holds (``logged_through``), and steps
+up to it, trained again after a restart from an older checkpoint, are not logged again (MLflow
+would keep both values). A sweep or family is a parent run (:func:`start_parent_tracking`,
+:func:`finish_parent_tracking`: its results table) with a child per trial or stage.
 """
 
 from __future__ import annotations
@@ -37,7 +26,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from raydiff.config import ExperimentConfig
+from raydiff.config import ExperimentConfig, to_dict
 from raydiff.storage import StoragePath, write_text_atomically
 
 TRACKING_FILE = "tracking.json"
@@ -96,15 +85,15 @@ class Backend(Protocol):
     KEEPS_RUNS: bool
     """Whether it has runs of its own, whose ids ``tracking.json`` keeps (TensorBoard's events
     are the run folder's own)."""
-    start: Callable[..., dict[str, Any]]
-    """``(config, *, folder, key, entry, parent, sweep)``: the folder's run (``entry``: the one
-    ``tracking.json`` names, if any) created or found again; its entry for ``tracking.json``."""
     open_tracker: Callable[..., Tracker]
     """``(config, entry, *, run_dir, local_dir, start_step, role)``: a :class:`Tracker` logging
     into the run ``entry`` names (None: a backend without runs); the backend's tracker class."""
+    start: Callable[..., dict[str, Any]]
+    """(``KEEPS_RUNS`` only) ``(config, *, folder, key, entry, parent, sweep)``: the folder's run
+    (``entry``: the one ``tracking.json`` names, if any) created or found again; its entry."""
     log_results: Callable[..., None]
-    """``(entry, *, results_csv, folder)``: a sweep's or family's table in its parent run,
-    which then ends."""
+    """(``KEEPS_RUNS`` only) ``(entry, *, results_csv, folder)``: a sweep's or family's table in
+    its parent run, which then ends."""
 
 
 def read_state(folder: StoragePath) -> dict[str, Any]:
@@ -120,13 +109,16 @@ def write_state(folder: StoragePath, state: Mapping[str, Any]) -> None:
 
 def flat_params(config: ExperimentConfig) -> dict[str, str]:
     """The resolved config as ``section.field`` -> its value as text."""
-    from raydiff.config import to_dict
-
     return {
         f"{section}.{name}": str(value)
         for section, fields in to_dict(config).items()
         for name, value in fields.items()
     }
+
+
+def greyscale_2d(image: np.ndarray) -> np.ndarray:
+    """A one-channel ``[H, W, 1]`` image as ``[H, W]`` (greyscale), others as they are."""
+    return image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image
 
 
 def _backends(config: ExperimentConfig) -> dict[str, Backend]:
@@ -139,8 +131,7 @@ def _backends(config: ExperimentConfig) -> dict[str, Backend]:
 
 
 def keeps_runs(config: ExperimentConfig) -> bool:
-    """Whether a backend of ``config`` has runs of its own (MLflow, W&B), kept in
-    ``tracking.json``."""
+    """Whether a backend of ``config`` has runs of its own (MLflow, W&B: in ``tracking.json``)."""
     return any(backend.KEEPS_RUNS for backend in _backends(config).values())
 
 

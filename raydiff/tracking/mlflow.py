@@ -1,12 +1,7 @@
 """MLflow (``pip install 'raydiff[mlflow]'``): one MLflow run per run folder, through
-``MlflowClient`` (no fluent API: no process-global active run).
-
-The run holds the config as params, the metrics at their steps, the preview grids and checkpoint
-evaluations as images, and tags: ``checkpoint_NNNNNN`` (where each checkpoint is),
-``raydiff.logged_through`` (the last step logged: set in the same ``log_batch`` as the step's
-metrics, which the tracking store writes at once or not at all) and ``raydiff.key`` (the run
-folder's identity, :data:`raydiff.tracking.TRACKING_FILE`). A sweep's trials are children
-of its parent run (``mlflow.parentRunId``), whose artifact ``results.csv`` is the sweep's table.
+``MlflowClient`` (no fluent API: no process-global active run); what it holds: docs/tracking.md.
+``raydiff.logged_through`` is set in the same ``log_batch`` as its step's metrics, which the
+tracking store writes at once or not at all.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ import numpy as np
 
 from raydiff.config import ExperimentConfig
 from raydiff.storage import StoragePath, local_copy
-from raydiff.tracking import Point, Role, flat_params
+from raydiff.tracking import Point, Role, flat_params, greyscale_2d
 
 logger = logging.getLogger(__name__)
 
@@ -77,17 +72,13 @@ def start(
         run = client.create_run(experiment_id, run_name=folder.name, tags=tags)
         run_id = run.info.run_id
         if not sweep:
-            _log_params(client, run_id, flat_params(config))
+            from mlflow.entities import Param
+
+            params = [Param(k, v) for k, v in flat_params(config).items()]
+            for i in range(0, len(params), MAX_PARAMS_PER_BATCH):
+                client.log_batch(run_id, params=params[i : i + MAX_PARAMS_PER_BATCH])
     logger.info("MLflow run %s (experiment %s, %s)", run_id, experiment_id, uri)
     return {"run_id": run_id, "experiment_id": experiment_id, "tracking_uri": uri}
-
-
-def _log_params(client: Any, run_id: str, params: Mapping[str, str]) -> None:
-    from mlflow.entities import Param
-
-    items = [Param(k, v) for k, v in params.items()]
-    for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-        client.log_batch(run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
 
 
 class MlflowTracker:
@@ -130,7 +121,7 @@ class MlflowTracker:
         self.client.log_batch(self.run_id, metrics=metrics, tags=tags)
 
     def log_image(self, key: str, image: np.ndarray, *, step: int) -> None:
-        self.client.log_image(self.run_id, _squeeze(image), key=key, step=step)
+        self.client.log_image(self.run_id, greyscale_2d(image), key=key, step=step)
 
     def log_histogram(self, key: str, values: np.ndarray, *, step: int) -> None:
         pass  # MLflow has no histograms
@@ -149,11 +140,6 @@ class MlflowTracker:
 def _metric_name(key: str) -> str:
     """``key`` in the characters MLflow takes (a classifier's ``acc@1``: ``acc_1``)."""
     return re.sub(r"[^\w\-. :/]", "_", key)
-
-
-def _squeeze(image: np.ndarray) -> np.ndarray:
-    """A one-channel ``[H, W, 1]`` image as ``[H, W]`` (greyscale), others as they are."""
-    return image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image
 
 
 open_tracker = MlflowTracker  # the Backend protocol's name for it

@@ -1,15 +1,13 @@
 """TensorBoard, the default tracker (a dependency of raydiff itself): event files in the run
 folder's ``tensorboard/``, the main rank's (``train/<metric>``, ``samples/ema``,
 ``sampler/weights``) and each evaluation's in a file of its own (``*.evaluation``: ``eval/...``).
-
-A run folder under a URI gets the same files, staged locally and uploaded: the main rank's at
-every checkpoint and at most every ``EVENTS_UPLOAD_INTERVAL_S`` in between (what a failed
-attempt logged after its last checkpoint is dropped on resume anyway, see ``purge_step``).
+A URI's run folder gets them uploaded at every checkpoint and at most every
+``EVENTS_UPLOAD_INTERVAL_S`` in between (a failed attempt's later events are purged on resume).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -88,12 +86,4 @@ class TensorBoardTracker:
                 self.events.publish(file.name, min_interval_s=min_interval_s)
 
 
-def start(config: ExperimentConfig, **kwargs: Any) -> dict[str, Any]:
-    return {}  # not called (KEEPS_RUNS): the events are the run folder's own
-
-
 open_tracker = TensorBoardTracker  # the Backend protocol's name for it
-
-
-def log_results(entry: Mapping[str, Any], **kwargs: Any) -> None:
-    pass  # not called (KEEPS_RUNS): no parent runs; the table is in the sweep's folder

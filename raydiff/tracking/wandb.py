@@ -1,13 +1,8 @@
 """Weights & Biases (``pip install 'raydiff[wandb]'``): one W&B run per run folder, its id
-chosen by the driver and kept in ``tracking.json``; every process that logs into it (the main
-rank of each worker group, the checkpoint evaluator) resumes it by that id.
-
-Offline (``tracking.wandb_mode``; 'auto' is offline without WANDB_API_KEY) each process writes
-its part into ``RUN/wandb/offline-run-*-<id>/`` (a URI's run: its staging folder), which
-``wandb sync`` uploads into the one run. W&B keeps no per-step history a resumed process could
-read while offline, so the last step logged is kept in ``tracking.json`` (``logged_through``,
-written after each report). A sweep's trials share a W&B group; its parent run (job type
-``sweep``) holds the results table.
+chosen by the driver and kept in ``tracking.json``; every process that logs into it resumes it
+by that id (offline: each writes its part into ``RUN/wandb/``, which ``wandb sync`` uploads into
+the one run). W&B keeps no history an offline process could read back, so the last step logged
+is kept in ``tracking.json`` (``logged_through``). docs/tracking.md says the rest.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ import numpy as np
 
 from raydiff.config import ExperimentConfig
 from raydiff.storage import StoragePath, local_path
-from raydiff.tracking import Point, Role, flat_params, read_state, write_state
+from raydiff.tracking import Point, Role, flat_params, greyscale_2d, read_state, write_state
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +30,6 @@ KEEPS_RUNS = True
 EVAL_STEP = "eval/step"
 """The x-axis of the checkpoint evaluations: the evaluator logs them as the checkpoints'
 evaluations end, later than the training steps W&B's own step has reached."""
-
-
-def new_run_id() -> str:
-    """A W&B run id: 8 characters of [a-z0-9], as W&B makes them."""
-    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
 def start(
@@ -60,7 +50,8 @@ def start(
         mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
     group = parent["group"] if parent is not None else (f"{folder.name}-{key[:6]}" if sweep else "")
     entry = {
-        "run_id": new_run_id(),
+        # 8 characters of [a-z0-9], as W&B makes its run ids.
+        "run_id": "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8)),
         "project": options.wandb_project,
         "entity": options.wandb_entity,
         "mode": mode,
@@ -137,7 +128,7 @@ class WandbTracker:
     def log_image(self, key: str, image: np.ndarray, *, step: int) -> None:
         import wandb
 
-        picture = wandb.Image(image[..., 0] if image.shape[-1] == 1 else image)
+        picture = wandb.Image(greyscale_2d(image))
         if self.role == "evaluation":
             self.run.log({key: picture, EVAL_STEP: step})
         else:

@@ -1,15 +1,6 @@
-"""Complete training checkpoints, one directory each, written atomically.
-
-Layout of ``checkpoint_000500/``::
-
-    model.pt              model state dict (loads into UNetModel; improved-diffusion compatible)
-    ema_0.9999.pt         one model-format state dict per EMA rate
-    trainer.pt            optimiser, grad scaler, timestep sampler (incl. loss history), step,
-                          skipped steps, data position, RNG states
-    config.json           the full resolved config
-    metrics.json          the metrics reported with it (what a finished run's rerun prints)
-    progress.json         step and data position (epoch, samples into it), readable without torch
-    files.json            written last: every other file's name and size in bytes
+"""Complete training checkpoints, one directory each, written atomically (``checkpoint_NNNNNN/``:
+``model.pt``, ``ema_<rate>.pt``, ``trainer.pt``, ``config.json``, ``metrics.json``,
+``progress.json`` and, written last, ``files.json``; docs/training.md, "What a run writes").
 
 A checkpoint is complete when ``files.json`` is there and every file it lists has its size.
 That is what makes a copy safe to resume from even when the copy is not atomic: Ray Train
@@ -149,7 +140,11 @@ def save_checkpoint(root: StoragePath, step: int, **files: Any) -> StoragePath:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync_directory(local)  # the rename itself survives a power cut
+        fd = os.open(local, os.O_RDONLY)  # the rename itself survives a power cut
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -165,14 +160,6 @@ def _upload_checkpoint(root: StoragePath, step: int, **files: Any) -> StoragePat
         (final / FILES_FILE).unlink(missing_ok=True)
         upload(Path(tmp), final, last=FILES_FILE)
     return final
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def require_checkpoint_dir(directory: StoragePath) -> StoragePath:

@@ -7,17 +7,10 @@ and previews call the uncompiled module compiled for inference (:func:`compile_s
 into which the loop swaps the EMA weights.
 
 Compiling a UNet takes minutes, and an elastic resize, a preemption or a resume restarts every
-worker process, so the artefacts live in the run folder (``compile_cache/``):
-
-- ``artifacts.bin``: PyTorch's portable cache ("mega-cache", ``torch.compiler.
-  save_cache_artifacts``): the FX graphs, AOTAutograd graphs and, on CUDA, the Triton kernels
-  compiled so far. The main rank writes it after this process's first compiled step; every rank
-  loads it before its first step (``torch.compiler.load_cache_artifacts``). A run folder on
-  object storage keeps it too.
-- ``inductor/``: inductor's own cache folder (``TORCHINDUCTOR_CACHE_DIR``) while the run trains,
-  for a run folder on this machine's disks. On a CPU the mega-cache does not hold the compiled
-  C++ kernels (torch 2.13: a restart that loaded it still spent most of a cold compile in the C++
-  compiler), and this folder does.
+worker process, so the artefacts live in the run folder (``compile_cache/``): PyTorch's portable
+cache ``artifacts.bin`` (written by the main rank, loaded by every rank; an object store's run
+folder too) and, for a local run folder, inductor's own cache folder ``inductor/``, which alone
+holds a CPU's compiled C++ kernels (docs/training.md, "Compiled training (`train.compile`)").
 """
 
 from __future__ import annotations
@@ -43,19 +36,13 @@ INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
 def compile_static(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` compiled with every shape static (``dynamic=False``): one graph per shape,
-    instead of a slower dynamic-shape graph for all. Used for
-
-    - the training step (``model``: the module the step calls, the DDP wrapper on several
-      workers). DDP is wrapped first and compiled after, as PyTorch's DDP notes ask: dynamo then
-      splits the graph at DDP's gradient buckets (its DDPOptimizer), so the all-reduce of a
-      bucket overlaps the rest of the backward pass. The per-worker microbatch, the image size,
-      the timesteps and labels of a microbatch are fixed for a run, so a run compiles once and
-      a new shape (an elastic resize's batch) compiles once more;
-    - inference: ``raydiff sample --compile``'s sampling loop, and a compiled run's validation
-      and previews. The fixed batches of ``raydiff.sample.generate.index_batches`` have one
-      size (the last may have another), so every batch of one size runs the same kernels
-      wherever it runs and a sample still depends on (seed, index) alone. The compiled module
-      calls ``model``'s parameters: the EMA weights the loop swaps into them compile nothing new.
+    instead of a slower dynamic-shape graph for all (a run's shapes are fixed; an elastic resize
+    compiles once more). Used for the training step, DDP wrapped first, as PyTorch's DDP notes
+    ask, so dynamo splits the graph at DDP's gradient buckets and each bucket's all-reduce
+    overlaps the rest of the backward pass; and for inference (``raydiff sample --compile``, a
+    compiled run's validation and previews), where every batch of one size runs the same
+    kernels, so a sample still depends on (seed, index) alone. The compiled module calls
+    ``model``'s parameters: the EMA weights swapped into them compile nothing new.
     """
     return torch.compile(model, dynamic=False)
 
@@ -66,11 +53,8 @@ class CompileCache:
     def __init__(self, run_dir: StoragePath, *, is_main: bool) -> None:
         self.folder = run_dir / CACHE_FOLDER
         self.is_main = is_main
+        self.artifacts = self.folder / ARTIFACTS_FILE
         self.held: dict[str, list[str]] = {}  # the artefacts' keys in the run folder, by kind
-
-    @property
-    def artifacts(self) -> StoragePath:
-        return self.folder / ARTIFACTS_FILE
 
     @contextlib.contextmanager
     def inductor_folder(self) -> Iterator[None]:

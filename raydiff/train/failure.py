@@ -1,15 +1,10 @@
-"""Which failures of a run a restart cannot help: the same error at the same step again.
-
-Ray Train restarts a failed worker group from the last checkpoint (``scaling.max_failures``
-times). That rides out a lost worker or node, but an error the training itself raises (a bug, a
-non-finite collapse, a bad config value only a step reveals) comes back at the same step every
-time: each retry repeats the steps since the checkpoint and fails again. So the one training
-loop notes on every exception it raises the step it was at (:func:`note_step`, a standard
-exception note: it also shows in the worker's traceback and survives the pickling that brings
-the error to Ray Train's controller), and :class:`FailureHistory` there compares each attempt's
-failures with the attempt before's (``raydiff.orchestrate.repeated_failure`` stops the run on a
-repeat). An error without the note did not come from the loop (a worker or node that died, a
-preemption): never a repeat. No Ray here.
+"""Which failures of a run a restart cannot help: the same error at the same step again (a bug,
+a collapse: each retry from the checkpoint fails the same way; docs/training.md,
+"Failures and resuming"). The loop notes on every exception it raises the step it was at
+(:func:`note_step`, an exception note: it survives the pickling that brings the error to Ray
+Train's controller), and :class:`FailureHistory` there compares each attempt's failures with
+the attempt before's. An error without the note (a lost worker or node, a preemption) is never
+a repeat. No Ray here.
 """
 
 from __future__ import annotations

@@ -7,17 +7,8 @@ the runtime's checkpoint if there is one, then steps until ``train.max_steps``: 
 What is trained (model, loss, validation, preview) is the task's business
 (:class:`raydiff.train.task.Task`: by default the one ``train.task`` names); where it runs (rank, data,
 collectives, how checkpoints are stored) is the :class:`raydiff.train.runtime.Runtime`'s. No Ray
-here.
-
-Files under ``output_dir`` (the main rank writes them, ``raydiff.train.run_files``)::
-
-    checkpoint_NNNNNN/               complete checkpoints (raydiff.train.checkpoint)
-    samples/samples_NNNNNN.png       previews: EMA sample grids (DDIM)
-    tensorboard/                     TensorBoard event files (scalars, sample grids, histograms)
-    tracking.json                    the run's tracked runs (MLflow, W&B: raydiff.tracking)
-    config.json                      the resolved config
-    compile_cache/                   with train.compile: the compiled artefacts, which a
-                                     restarted or resumed run loads (raydiff.train.compilation)
+here. What the main rank writes under ``output_dir`` (``raydiff.train.run_files``):
+docs/training.md, "What a run writes".
 """
 
 from __future__ import annotations
@@ -38,14 +29,12 @@ from raydiff.train.checkpoint import load_checkpoint
 from raydiff.train.compilation import LoopCompilation
 from raydiff.train.data_position import DataPosition
 from raydiff.train.failure import note_step
-from raydiff.train.metric_accumulator import MetricAccumulator
-from raydiff.train.progress import format_eta, headline_fields
 from raydiff.train.rank_optimizer import StepResult
+from raydiff.train.reporting import MetricAccumulator, ThroughputWindow, format_eta, headline_fields
 from raydiff.train.run_files import RunFiles
 from raydiff.train.runtime import Runtime
 from raydiff.train.task import Batch, TaskFactory
 from raydiff.train.tasks import task_of_config, task_spec
-from raydiff.train.throughput_window import ThroughputWindow
 from raydiff.train.validation import rank_rows, weights_swapped
 
 logger = logging.getLogger(__name__)
@@ -252,7 +241,7 @@ class TrainingLoop:
             headline_fields(report, task=self.spec),
             format_eta(eta),
         )
-        self.files.publish_events(now=publish_now)
+        self.files.trackers.flush(now=publish_now)  # now: whatever their intervals
 
     def evaluate(self) -> dict[str, float]:
         """The task's validation of the evaluation (EMA) weights: every rank its share of the

@@ -41,12 +41,8 @@ experiment behind it)."""
 def sigma_rel_to_gamma(sigma_rel: float) -> float:
     """The exponent of the profile with relative standard deviation ``sigma_rel`` (eq. 126,
     algorithm 2): the largest real root of
-    gamma^3 + 7 gamma^2 + (16 - sigma_rel^-2) gamma + (12 - sigma_rel^-2).
-
-    Eq. 123 rises from 0 at gamma = -1 to its peak :data:`SIGMA_REL_MAX` and falls back to 0,
-    so every sigma_rel in (0, SIGMA_REL_MAX] has a root above -1 and none outside has; the
-    largest root is the one on the falling side (gamma >= -0.382), where the profile is also
-    square-integrable, as eq. 151 needs.
+    gamma^3 + 7 gamma^2 + (16 - sigma_rel^-2) gamma + (12 - sigma_rel^-2), the one on eq. 123's
+    falling side (gamma >= -0.382), where the profile is square-integrable as eq. 151 needs.
     """
     if not (math.isfinite(sigma_rel) and 0 < sigma_rel <= SIGMA_REL_MAX):
         raise ValueError(
@@ -76,16 +72,10 @@ def power_beta(*, gamma: float, step: int, dt: int = 1) -> float:
 
 
 def rate_to_sigma_rel(rate: float, *, step: int) -> float:
-    """The sigma_rel, at training step ``step``, of improved-diffusion's fixed-rate EMA
-    (``ema = rate * ema + (1 - rate) * weights`` every step).
-
-    Its profile is exponential with time constant 1 / (-ln rate) steps, whose standard deviation
-    is that same time constant; relative to t = ``step`` that is 1 / (-ln(rate) * step). This
-    holds when step >> 1 / (1 - rate): earlier, the average still holds a large share of the
-    initial weights and the profile is cut off at t = 0, so its true width is smaller. Unlike a
-    power-function profile, this sigma_rel shrinks as training goes on. (EDM2's code has no such
-    conversion; this is the exponential distribution's standard deviation, which the discrete
-    profile's sqrt(rate) / (1 - rate) matches to second order in 1 - rate.)
+    """The sigma_rel, at training step ``step``, of improved-diffusion's fixed-rate EMA: its
+    exponential profile's standard deviation 1 / (-ln rate) steps, relative to ``step``. It holds
+    once step >> 1 / (1 - rate), the initial weights' share then negligible (docs/posthoc_ema.md);
+    unlike a power-function profile's, it shrinks as training goes on.
     """
     if not (math.isfinite(rate) and 0 < rate < 1):
         raise ValueError(f"EMA rate {rate} is invalid: a decay per step is in (0, 1)")
@@ -94,29 +84,15 @@ def rate_to_sigma_rel(rate: float, *, step: int) -> float:
     return 1.0 / (-math.log(rate) * step)
 
 
-def _inner_products(
+def inner_products(
     t_a: np.ndarray, gamma_a: np.ndarray, t_b: np.ndarray, gamma_b: np.ndarray
 ) -> np.ndarray:
-    """Eq. 151 over broadcast arrays: the integral of p_a * p_b over time, where the shorter
-    profile's end cuts the integral (times > 0, gamma_a + gamma_b + 1 > 0 checked by callers)."""
+    """<p_a, p_b> (eq. 151, algorithm 3) over broadcast arrays: the integral of p_a * p_b over
+    time, where the shorter profile's end cuts the integral (times > 0, gamma_a + gamma_b + 1 > 0
+    checked by callers)."""
     exponent = np.where(t_a < t_b, gamma_b, -gamma_a)
     numerator = (gamma_a + 1) * (gamma_b + 1) * (t_a / t_b) ** exponent
     return numerator / ((gamma_a + gamma_b + 1) * np.maximum(t_a, t_b))
-
-
-def profile_inner_product(t_a: float, gamma_a: float, t_b: float, gamma_b: float) -> float:
-    """<p_a, p_b> of the profiles ending at ``t_a`` and ``t_b`` with exponents ``gamma_a`` and
-    ``gamma_b`` (eq. 151, algorithm 3)."""
-    for name, t in (("t_a", t_a), ("t_b", t_b)):
-        if not (math.isfinite(t) and t > 0):
-            raise ValueError(f"{name} {t} is invalid: a profile ends at a training time > 0")
-    if not gamma_a + gamma_b + 1 > 0 or min(gamma_a, gamma_b) <= -1:
-        raise ValueError(
-            f"gammas {gamma_a} and {gamma_b} are invalid: each must be > -1 and their sum > -1 "
-            "(else the product of the profiles is not integrable)"
-        )
-    value = _inner_products(*(np.float64(x) for x in (t_a, gamma_a, t_b, gamma_b)))
-    return float(value)
 
 
 def _profile_arrays(
@@ -135,23 +111,10 @@ def _profile_arrays(
     return np.array(times, dtype=np.float64), np.array(gammas, dtype=np.float64)
 
 
-def _check_snapshots(snapshots: Sequence[tuple[float, float]]) -> None:
-    if len(snapshots) == 0:
-        raise ValueError("no snapshots: a reconstruction combines at least one stored snapshot")
-    seen = set()
-    for t, sigma_rel in snapshots:
-        if (t, sigma_rel) in seen:
-            raise ValueError(
-                f"snapshot (t={t}, sigma_rel={sigma_rel}) is given twice: each (time, sigma_rel) "
-                "may appear once (the same profile twice makes the system singular)"
-            )
-        seen.add((t, sigma_rel))
-
-
 def _gram(
     a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
 ) -> np.ndarray:  # [len(a), len(b)]
-    return _inner_products(a[0][:, None], a[1][:, None], b[0][None, :], b[1][None, :])
+    return inner_products(a[0][:, None], a[1][:, None], b[0][None, :], b[1][None, :])
 
 
 def reconstruction_coefficients(
@@ -165,7 +128,14 @@ def reconstruction_coefficients(
     to 1, so that constant weights stay constant. A target may not end after the last snapshot
     (no snapshot saw that training).
     """
-    _check_snapshots(snapshots)
+    if len(snapshots) == 0:
+        raise ValueError("no snapshots: a reconstruction combines at least one stored snapshot")
+    for i, (t, sigma_rel) in enumerate(snapshots):
+        if (t, sigma_rel) in snapshots[:i]:
+            raise ValueError(
+                f"snapshot (t={t}, sigma_rel={sigma_rel}) is given twice: each (time, sigma_rel) "
+                "may appear once (the same profile twice makes the system singular)"
+            )
     stored = _profile_arrays(snapshots, role="snapshot")
     wanted = _profile_arrays(targets, role="target")
     last = float(stored[0].max())
@@ -189,13 +159,9 @@ def reconstruction_error(
     snapshots: Sequence[tuple[float, float]], target: tuple[float, float]
 ) -> float:
     """||p - p_hat|| / ||p||: the relative L2 distance between the target profile p and its
-    reconstruction p_hat = sum_i x_i p_i with the coefficients :func:`reconstruction_coefficients`
-    gives (column-normalised), expanded with the Gram matrix:
-    ||p - p_hat||^2 = <p, p> - 2 x.b + x.A.x.
-
-    The reconstructed weights then differ from the target's by at most
-    ||p - p_hat|| * ||theta - c|| (Cauchy-Schwarz; c any constant, as both profiles have mass 1),
-    coordinate by coordinate. Rounding leaves a floor near 1e-8 for an exact fit.
+    reconstruction p_hat = sum_i x_i p_i (:func:`reconstruction_coefficients`), expanded with the
+    Gram matrix: ||p - p_hat||^2 = <p, p> - 2 x.b + x.A.x. It bounds the reconstructed weights'
+    error per coordinate by ||p - p_hat|| * ||theta - c|| (docs/posthoc_ema.md).
     """
     coefficients = reconstruction_coefficients(snapshots, [target])[:, 0]
     stored = _profile_arrays(snapshots, role="snapshot")

@@ -63,12 +63,17 @@ def autocast_model(
 ) -> torch.nn.Module:
     """``model`` for a sampling loop in ``precision`` (fp32, bf16 or fp16, resolved): itself for
     fp32, else an :class:`AutocastModel` on ``device``'s type."""
-    if precision not in _DTYPES:
-        raise ValueError(f"precision {precision!r} is invalid; valid: {', '.join(_DTYPES)}")
-    dtype = _DTYPES[precision]
+    dtype = _dtype(precision)
     if dtype is None:
         return model
     return AutocastModel(model, dtype=dtype, device_type=device.type)
+
+
+def _dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype of a resolved ``precision`` (None: fp32)."""
+    if precision not in _DTYPES:
+        raise ValueError(f"precision {precision!r} is invalid; valid: {', '.join(_DTYPES)}")
+    return _DTYPES[precision]
 
 
 class PrecisionPolicy:
@@ -77,12 +82,9 @@ class PrecisionPolicy:
     def __init__(
         self, precision: str, *, device: torch.device, init_scale: float = 2.0**16
     ) -> None:
-        precision = resolve_precision(precision, device)
-        if precision not in _DTYPES:
-            raise ValueError(f"precision {precision!r} is invalid; valid: {', '.join(_DTYPES)}")
-        self.precision = precision
+        self.precision = precision = resolve_precision(precision, device)
         self.device = device
-        self.dtype = _DTYPES[precision]
+        self.dtype = _dtype(precision)
         self.scaler = (
             torch.amp.GradScaler(device.type, init_scale=init_scale)
             if precision == "fp16"

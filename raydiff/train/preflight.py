@@ -33,13 +33,10 @@ def check_run(
     resume: StoragePath | None = None,
     num_workers: int | None = None,
 ) -> None:
-    """Raise ValueError / FileNotFoundError naming the field when the run cannot start.
-
-    Checks the batch split over ``num_workers`` (default: every size ``scaling.num_workers``
-    allows) and
-    microbatches, that the prepared shards exist and match the model (image size, channels,
-    classes), that ``train.init_checkpoint`` and ``resume`` exist, and that the trackers of
-    ``tracking.backend`` are installed.
+    """Raise ValueError / FileNotFoundError naming the field when the run cannot start: the
+    batch split over ``num_workers`` (default: every size ``scaling.num_workers`` allows) and
+    microbatches, the prepared shards against the model (image size, channels, classes),
+    ``train.init_checkpoint`` and ``resume``, the trackers of ``tracking.backend`` installed.
     """
     config.tracking.check_installed()  # a tracker's extra: refused here, not in a worker
     if num_workers is None:
@@ -100,15 +97,11 @@ def plan_start(
     resume: StoragePath | None = None,
     num_workers: int | None = None,
 ) -> StartPoint:
-    """Every check before a run starts (the Ray driver and ``--single-process`` alike), and the
-    checkpoint it continues from: ``--resume``, else the newest complete one in ``output_dir``.
-
-    Raises naming the field (:func:`check_run`, :func:`check_resume_target`,
-    :func:`check_resume_compatible`). A run already at ``train.max_steps`` comes back with
-    ``finished`` set and a warning that says how to train on: re-running it (``make demo``
-    twice) would otherwise load the data, build the model (and on Ray start the worker group
-    and the data pipeline) only to train zero steps. Checkpoints written before
-    ``progress.json`` existed do not count as finished (their step is only in ``trainer.pt``).
+    """Every check before a run starts (the Ray driver and ``--single-process`` alike), raising
+    naming the field, and the checkpoint it continues from: ``--resume``, else the newest
+    complete one in ``output_dir``. A run already at ``train.max_steps`` (by its
+    ``progress.json``) comes back with ``finished`` set and a warning that says how to train on,
+    instead of loading the data and building the model to train zero steps.
     """
     check_run(config, manifest=manifest, resume=resume, num_workers=num_workers)
     check_resume_target(output_dir, resume)

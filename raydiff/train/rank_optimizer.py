@@ -1,16 +1,12 @@
 """The per-rank optimiser step, which the one training loop drives on every rank: microbatching,
-mixed precision, importance weights, EMA.
-
-No Ray here. ``raydiff.train.build.build_rank_optimizer`` hands a ``RankOptimizer`` its (optionally
-DDP-wrapped) model, the task's loss on a batch and the timestep sampler; the one loop
-(``raydiff.train.loop``) drives it.
+mixed precision, importance weights, the averages (built by ``raydiff.train.build``). No Ray.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +18,26 @@ from raydiff.core.timestep_sampler import ScheduleSampler
 from raydiff.seeding import derive_seed
 from raydiff.train.compilation import compile_static
 from raydiff.train.ema import EMA, Averager
-from raydiff.train.optimizer import build_optimizer
 from raydiff.train.posthoc_ema import PowerFunctionEMA
 from raydiff.train.precision import PrecisionPolicy
 from raydiff.train.task import Batch, Losses
 
 logger = logging.getLogger(__name__)
+
+
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter], *, optim: OptimConfig
+) -> torch.optim.AdamW:
+    """AdamW with the config's lr, weight decay and betas (improved-diffusion's optimiser).
+
+    Uses the fused implementation (one kernel for all parameters instead of ~10 ops per
+    parameter: 3x faster on CPU here, and available on CUDA). The learning-rate schedule is the
+    trainer's job; this sets the peak lr.
+    """
+    beta1, beta2 = optim.adam_beta_tuple()
+    return torch.optim.AdamW(
+        params, lr=optim.lr, weight_decay=optim.weight_decay, betas=(beta1, beta2), fused=True
+    )
 
 
 class TrainingCollapsedError(RuntimeError):
@@ -64,13 +74,9 @@ class RankOptimizer:
         the uncompiled module.
 
     Every random draw of a step is seeded at the start of the step, so a run resumed at step k
-    draws what the uninterrupted run drew at step k, and no generator state needs saving. The
-    timesteps (drawn for the whole global batch, each rank keeping its rows'), the q_sample
-    noise (each row from a stream keyed by (``train.seed``, step, row of the global batch)) and
-    a task's augmentations (each row's from ``batch["augment_seed"]``, keyed the same way) do
-    not depend on the number of workers or microbatches (a run resized mid-way trains as the
-    fixed-size run does, to the rounding of the gradient reduction). The model's own draws
-    (dropout) come from a stream keyed by (``train.seed``, rank, step).
+    draws what the uninterrupted run drew at step k and no generator state needs saving; the
+    timesteps, noise and augmentations are keyed by the row of the global batch, so a run resized
+    mid-way trains as the fixed-size run does (docs/architecture.md names each stream).
     """
 
     def __init__(
@@ -206,12 +212,9 @@ class RankOptimizer:
     def _draw_for_batch(
         self, x: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This rank's timesteps, importance weights, noise and augmentation seeds, such that a
-        global batch's draws do not depend on how it is split: the timesteps are drawn for every
-        row of the global batch (a few integers each) and this rank keeps its rows'; the noise
-        is drawn for this rank's rows only, each row from its own stream keyed by (seed, step,
-        row of the global batch), so the work and memory stay one local batch's at any worker
-        count; each row's augmentation seed (int64, CPU) is keyed the same way."""
+        """This rank's timesteps, importance weights, noise and augmentation seeds (int64, CPU):
+        the timesteps drawn for the whole global batch (a few integers a row), the noise and
+        seeds for this rank's rows only, each keyed by (seed, step, row of the global batch)."""
         first = self.rank * self.local_batch_size
         rows = range(first, first + self.local_batch_size)
         t, weights = self.sampler.sample(self.local_batch_size * self.world_size, self.device)
@@ -229,7 +232,12 @@ class RankOptimizer:
         Returns the gradient norm and whether the optimiser stepped."""
         self.precision.unscale_(self.optimizer)
         grads = [p.grad for p in self.raw_model.parameters() if p.grad is not None]
-        grad_norm = self._grad_norm(grads)
+        # The total 2-norm, in fp32 whatever the gradients' dtype.
+        grad_norm = (
+            torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
+            if grads
+            else torch.zeros((), device=self.device)
+        )
         grads_finite = bool(torch.isfinite(grad_norm))
         if grads_finite and self.optim_config.grad_clip > 0 and grads:
             # clip_grad_norm_'s scaling, with the norm above: the norm is computed once a step.
@@ -252,13 +260,6 @@ class RankOptimizer:
             )
             self._check_collapse()
         return grad_norm, stepped
-
-    def _grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """The gradients' total 2-norm, in fp32 whatever their dtype."""
-        if not grads:
-            return torch.zeros((), device=self.device)
-        norms = torch._foreach_norm(grads)
-        return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
 
     def _check_collapse(self) -> None:
         limit = self.train_config.max_consecutive_skipped

@@ -20,7 +20,7 @@ from raydiff.config import ExperimentConfig, to_dict
 from raydiff.storage import MirroredFolder, StoragePath
 from raydiff.tracking import Point, open_trackers
 from raydiff.train.checkpoint import checkpoint_name
-from raydiff.train.sample_grid import make_grid, save_png
+from raydiff.train.sample_grid import save_png, tile, to_uint8
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class RunFiles:
     def write_preview(self, images: torch.Tensor, *, step: int, columns: int | None = None) -> None:
         """``samples/samples_NNNNNN.png`` (``columns`` wide; default about sqrt(N)), logged as
         the image ``samples/ema`` of ``step``."""
-        grid = make_grid(images, columns=columns)
+        grid = tile(to_uint8(images), columns=columns)
         path = save_png(grid, self.files.local / "samples" / f"samples_{step:06d}.png")
         self.trackers.log_image("samples/ema", grid, step=step)
         logger.info("wrote sample grid %s", self.files.publish(path))
@@ -96,10 +96,6 @@ class RunFiles:
         self.files.publish(path)
         if self.files.is_remote:  # uploaded: the staging folder need not keep every snapshot
             path.unlink()
-
-    def publish_events(self, *, now: bool) -> None:
-        """The trackers' buffers written out (``now``: whatever their intervals)."""
-        self.trackers.flush(now=now)
 
     def close(self) -> None:
         self.trackers.close()

@@ -1,20 +1,10 @@
-"""One training driver per run folder: an exclusive lock held for the whole run.
+"""One training driver per run folder: an exclusive lock held for the whole run (two drivers in
+one folder would mix their checkpoints, events and samples). No Ray here.
 
-Two drivers training into one folder would mix two runs: both write ``checkpoint_NNNNNN``
-folders (one overwriting the other's), TensorBoard events and samples, and Ray Train resumes
-whichever run state it finds. So a driver takes ``RUN/.run.lock`` before it starts Ray and holds
-it until it returns; a second driver is refused at once with a :class:`RunFolderInUseError`
-naming the folder, the holder (host, pid, start time, command) and what to do.
-
-The lock is ``fcntl.flock`` on that file, not the file's existence: the kernel releases it when
-the holding process ends, however it ends (Ctrl-C, a crash, SIGKILL, its machine gone), so a
-dead driver never leaves a stale lock behind and nothing has to be cleaned up by hand. The file
-stays; its content (JSON) only describes the last holder. Locks are per open file, so a second
-``run_lock`` on the same folder in the same process is refused too. On a network file system
-shared by several machines, Linux turns ``flock`` into the NFS (v4) byte-range lock, which holds
-across clients.
-
-No Ray here: the single-process runtime takes the same lock.
+The lock is ``fcntl.flock`` on ``RUN/.run.lock``, not the file's existence: the kernel releases
+it when the holder ends, however it ends, so a dead driver never leaves a stale lock. The file's
+JSON only describes the last holder. Locks are per open file (a second ``run_lock`` in the same
+process is refused too); on NFS (v4) Linux makes ``flock`` a byte-range lock across clients.
 """
 
 from __future__ import annotations
@@ -58,22 +48,19 @@ def run_lock(location: str | os.PathLike[str] | StoragePath) -> Iterator[Path | 
         except BlockingIOError:
             raise RunFolderInUseError(_in_use_message(run_dir, _holder(fd))) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(_this_process()).encode(), 0)
+        holder = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "command": " ".join(sys.argv),
+        }
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
         try:
             yield path
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
-
-
-def _this_process() -> dict[str, object]:
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "command": " ".join(sys.argv),
-    }
 
 
 HOLDER_WAIT_S = 2.0

@@ -68,11 +68,6 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     return x.permute(0, 2, 3, 1).numpy()
 
 
-def make_grid(images: torch.Tensor, *, columns: int | None = None, padding: int = 2) -> np.ndarray:
-    """Tile a batch into one ``[H', W', C]`` uint8 image with ``padding`` px of black between."""
-    return tile(to_uint8(images), columns=columns, padding=padding)
-
-
 def tile(pixels: np.ndarray, *, columns: int | None = None, padding: int = 2) -> np.ndarray:
     """Tile uint8 images ``[N, H, W, C]`` into one ``[H', W', C]`` grid (``columns``: default
     about sqrt(N)), with ``padding`` px of black between them."""

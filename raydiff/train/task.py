@@ -19,11 +19,10 @@ import torch
 
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.results_table import Mode
-from raydiff.train.batch import Batch, ValBatches
+from raydiff.train.runtime import Batch, Runtime, ValBatches
 
 if TYPE_CHECKING:
     from raydiff.config import ExperimentConfig
-    from raydiff.train.runtime import Runtime
 
 __all__ = ["Batch", "Losses", "Metric", "Task", "TaskFactory", "TaskSpec", "ValBatches"]
 

@@ -1,25 +1,15 @@
 """Validation: an unbiased estimate of the NLL bound (bits/dim) from a fixed set of timesteps.
 
-The full bound of IDDPM eq. 5 is ``L_prior + sum_t L_t`` over all T steps, which ``calc_bpd_loop``
-computes exactly at the cost of T model calls per image. During training we estimate it with K
-timesteps: stratified sampling, ``L_prior + sum_k w_k L_{t_k}`` with ``t_k`` drawn uniformly in
-stratum k and ``w_k`` its width, which is unbiased for the bound over the draw of the t_k. The
-draw is made once from a fixed seed, so every evaluation of a run uses the same timesteps.
-
-The strata are not equal. The bound is concentrated in a few terms (IDDPM Fig. 2: the first steps
-carry most of it) and the last one can be large too: with eps-prediction and a fixed variance the
-step from x_T to x_{T-1} divides the eps error by sqrt(alpha_{T-1}), and the cosine schedule
-clips beta_{T-1} to 0.999. Equal strata of width T/K make such a term count T/K times when its
-stratum happens to draw it and not at all otherwise: the estimate is unbiased but useless from a
-single draw. So ``t = T-1`` is always evaluated on its own (weight 1) and ``[0, T-1)`` is cut into
-strata whose edges grow geometrically (``0, 1, 2, 5, 13, 31, ...`` for T = 1000, K = 10): the
-early, large terms sit in strata of width 1 or 2 and the flat tail in wide ones.
-
-Measured with ``python bench/val_bpd_spread.py --checkpoint runs/demo/checkpoint_000600`` (the
-demo's EMA weights, 16 val images, exact bound 5.67 bits/dim from all 1000 terms; the largest are
-L_999 = 2.3 and L_0 = 1.2), spread of the estimate over 500 draws: K = 10, equal strata sd 30.6
-(range 0.42-236; that run had reported 0.49), these strata sd 0.26 (range 5.1-8.0); K = 20, sd
-18.3 vs 0.10.
+The full bound of IDDPM eq. 5, ``L_prior + sum_t L_t`` (``calc_bpd_loop``), costs T model calls
+per image. K timesteps estimate it without bias, ``L_prior + sum_k w_k L_{t_k}`` with ``t_k``
+drawn uniformly in stratum k of width ``w_k``, drawn once from a fixed seed so that every
+evaluation of a run uses the same ones. Equal strata would make a single draw useless: the bound
+sits in a few terms (IDDPM Fig. 2: the first steps; with eps-prediction and a fixed variance the
+step from x_T divides the eps error by sqrt(alpha_{T-1}), and the cosine schedule clips
+beta_{T-1} to 0.999). So ``t = T-1`` is evaluated on its own (weight 1) and ``[0, T-1)`` is cut
+into strata whose edges grow geometrically (``0, 1, 2, 5, 13, 31, ...`` for T = 1000, K = 10).
+Its spread on the demo's weights: docs/performance.md,
+"Spread of the validation estimate (`bench/val_bpd_spread.py`)".
 """
 
 from __future__ import annotations

@@ -22,13 +22,18 @@ from raydiff.train.posthoc_ema import (
     SIGMA_REL_MAX,
     PowerFunctionEMA,
     WeightedSum,
+    inner_products,
     power_beta,
-    profile_inner_product,
     rate_to_sigma_rel,
     reconstruction_coefficients,
     reconstruction_error,
     sigma_rel_to_gamma,
 )
+
+
+def profile_inner_product(t_a, gamma_a, t_b, gamma_b):
+    """<p_a, p_b> of two profiles (eq. 151) as a float."""
+    return float(inner_products(*(np.float64(x) for x in (t_a, gamma_a, t_b, gamma_b))))
 
 
 def gamma_to_sigma_rel(gamma):

@@ -334,8 +334,8 @@ def test_init_from_published_style_weights(tmp_path):
 
 
 def test_metric_means_per_quartile_and_reduction():
-    from raydiff.train.metric_accumulator import MetricAccumulator
     from raydiff.train.rank_optimizer import StepResult
+    from raydiff.train.reporting import MetricAccumulator
 
     acc = MetricAccumulator(num_timesteps=100)
     losses = torch.tensor([1.0, 2.0, 3.0, 5.0])
@@ -364,8 +364,8 @@ def test_metric_means_per_quartile_and_reduction():
 def test_logged_terms_are_importance_weighted_as_in_improved_diffusion():
     """log_loss_dict gets ``{k: v * weights}``: the means estimate the objective the step
     optimises, not the raw terms at the timesteps a loss-aware sampler favours."""
-    from raydiff.train.metric_accumulator import MetricAccumulator
     from raydiff.train.rank_optimizer import StepResult
+    from raydiff.train.reporting import MetricAccumulator
 
     acc = MetricAccumulator(num_timesteps=100)
     acc.add_step(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +21,7 @@ import torch.nn.functional as F
 from raydiff.config import ExperimentConfig
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.factory import create_classifier, create_gaussian_diffusion
-from raydiff.train.batch import Batch, ValBatches
-from raydiff.train.runtime import Runtime
+from raydiff.train.runtime import Batch, ValBatches
 from raydiff.train.task import Metric, TaskSpec
 
 TERMS = ("loss", "acc@1", "acc@5")
@@ -69,6 +69,7 @@ def random_resized_crop(
     return torch.stack(out)
 
 
+@dataclass(kw_only=True, eq=False)
 class ClassifierTask:
     """A classifier of ``x_t`` (or of clean images) trained on the data's labels ``y``.
 
@@ -76,20 +77,11 @@ class ClassifierTask:
     :param random_crop: apply :func:`random_resized_crop` to training batches.
     """
 
-    preview_columns: int | None = None  # no preview
-
-    def __init__(
-        self,
-        *,
-        model: torch.nn.Module,
-        diffusion: GaussianDiffusion,
-        noised: bool,
-        random_crop: bool,
-    ) -> None:
-        self.model = model
-        self.diffusion = diffusion
-        self.noised = noised
-        self.random_crop = random_crop
+    model: torch.nn.Module
+    diffusion: GaussianDiffusion
+    noised: bool
+    random_crop: bool
+    preview_columns = None  # no preview
 
     @classmethod
     def from_config(cls, config: ExperimentConfig) -> ClassifierTask:
@@ -186,11 +178,6 @@ def _add(totals: dict[str, torch.Tensor], name: str, values: torch.Tensor) -> No
     totals[name] = totals[name] + values.double().sum()
 
 
-def classifier_task(config: ExperimentConfig, *, runtime: Runtime) -> ClassifierTask:
-    """The :class:`raydiff.train.task.TaskFactory` of ``train.task=classifier``."""
-    return ClassifierTask.from_config(config)
-
-
 def describe_classifier(config: ExperimentConfig) -> str:
     """What the classifier learns, as the start-up line names it."""
     seen = "of x_t" if config.classifier.noised else "at t = 0"
@@ -249,7 +236,7 @@ terms (every ``log_interval``)."""
 
 SPEC = TaskSpec(
     name="classifier",
-    build=classifier_task,
+    build=lambda config, *, runtime: ClassifierTask.from_config(config),
     network=create_classifier,
     describe=describe_classifier,
     usage=lambda checkpoint: (

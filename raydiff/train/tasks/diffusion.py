@@ -9,6 +9,7 @@ its preview shows are parts the task is built from, so the upsampler
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -18,8 +19,7 @@ from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.respace import SpacedDiffusion
 from raydiff.factory import create_gaussian_diffusion, create_model
 from raydiff.seeding import derive_seed
-from raydiff.train.batch import Batch, ValBatches
-from raydiff.train.runtime import Runtime
+from raydiff.train.runtime import Batch, Runtime, ValBatches
 from raydiff.train.sample_grid import draw_samples, sampling_diffusion
 from raydiff.train.task import Metric, TaskSpec
 from raydiff.train.validation import (
@@ -50,23 +50,15 @@ class Preview(Protocol):
         ...
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
 class SamplePreview:
     """DDIM samples from noise; a class-conditional model's get the classes in turn."""
 
+    diffusion: SpacedDiffusion
+    count: int
+    image_shape: tuple[int, int, int]
+    num_classes: int | None
     columns: int | None = None
-
-    def __init__(
-        self,
-        *,
-        diffusion: SpacedDiffusion,
-        count: int,
-        image_shape: tuple[int, int, int],
-        num_classes: int | None,
-    ) -> None:
-        self.diffusion = diffusion
-        self.count = count
-        self.image_shape = image_shape
-        self.num_classes = num_classes
 
     def draw(self, model: torch.nn.Module, *, seed: int) -> torch.Tensor:
         return draw_samples(

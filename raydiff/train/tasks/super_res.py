@@ -14,6 +14,7 @@ input (nearest-neighbour enlarged) beside its output.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,7 @@ class LowResConditioning:
         return {**class_labels(x, batch), "low_res": low_res_of(x, self.small_size)}
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
 class UpsamplingPreview:
     """Pairs ``[2N, C, H, W]``: each low-resolution input (enlarged, nearest) and its DDIM
     upsampling, side by side in the grid's rows.
@@ -60,18 +62,14 @@ class UpsamplingPreview:
         class-conditional upsampler), or None for no preview.
     """
 
-    def __init__(
-        self,
-        *,
-        diffusion: SpacedDiffusion,
-        image_shape: tuple[int, int, int],
-        inputs: dict[str, torch.Tensor] | None,
-    ) -> None:
-        self.diffusion = diffusion
-        self.image_shape = image_shape
-        self.inputs = inputs
-        # Each input and its upsampling side by side in a row.
-        self.columns = 2 * math.ceil(math.sqrt(len(inputs["low_res"]))) if inputs else None
+    diffusion: SpacedDiffusion
+    image_shape: tuple[int, int, int]
+    inputs: dict[str, torch.Tensor] | None
+
+    @property
+    def columns(self) -> int | None:
+        """Each input and its upsampling side by side in a row."""
+        return 2 * math.ceil(math.sqrt(len(self.inputs["low_res"]))) if self.inputs else None
 
     def draw(self, model: torch.nn.Module, *, seed: int) -> torch.Tensor | None:
         if self.inputs is None:

@@ -1,12 +1,17 @@
-"""Running sums of the step metrics between two reports, reduced over ranks when read."""
+"""What the loop reports of the steps since the last report: the loss terms' means per quarter
+of t (reduced over ranks when read), images/s and the data-wait share; the progress line."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from raydiff.train.task import TaskSpec
 
 if TYPE_CHECKING:
     from raydiff.train.rank_optimizer import StepResult
@@ -70,3 +75,66 @@ class MetricAccumulator:
                 if count > 0:
                     out[name] = total / count
         return out
+
+
+class ThroughputWindow:
+    """Images/s, step time and data-wait share over the steps since the last ``read``.
+
+    Only time inside steps counts (waiting for the batch + the optimiser step), so evaluation,
+    sample grids, checkpoints and report barriers between steps do not dilute the figures.
+    """
+
+    def __init__(self, images_per_step: int) -> None:
+        self.images_per_step = images_per_step
+        self._reset()
+
+    def _reset(self) -> None:
+        self.steps, self.busy, self.data_wait = 0, 0.0, 0.0
+
+    def begin(self) -> None:
+        """Call before fetching the step's batch."""
+        self._t0 = time.perf_counter()
+
+    def data_ready(self) -> None:
+        """Call once the batch is there."""
+        self._t1 = time.perf_counter()
+
+    def end(self) -> None:
+        """Call after the optimiser step."""
+        t2 = time.perf_counter()
+        self.steps += 1
+        self.busy += t2 - self._t0
+        self.data_wait += self._t1 - self._t0
+
+    def read(self) -> dict[str, float]:
+        """The window's figures; starts a new window."""
+        busy = max(self.busy, 1e-9)
+        out = {
+            "images_per_s": self.steps * self.images_per_step / busy,
+            "step_time": busy / max(self.steps, 1),
+            "data_wait_fraction": self.data_wait / busy,
+        }
+        self._reset()
+        return out
+
+
+def headline_fields(metrics: Mapping[str, Any], *, task: TaskSpec) -> str:
+    """The task's headline metrics (then throughput and lr) that ``metrics`` holds, as the
+    progress line and a run's summary show them (an eval-only step has no loss)."""
+    return "  ".join(
+        metric.format(metrics[metric.key])
+        for metric in task.headline()
+        if isinstance(metrics.get(metric.key), int | float)
+    )
+
+
+def format_eta(seconds: float) -> str:
+    """``1h02m`` / ``4m05s`` / ``12s``."""
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
