@@ -25,8 +25,9 @@ and the field.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -359,16 +360,21 @@ def check_family(family: Family) -> None:
     if "upsampler" in stages:
         _check_upsampler(stages["upsampler"].config, base)
     _check_weights(family)
-    evaluator = stages["evaluator"].config.model
-    final = stages.get("upsampler", stages["base"]).config.model
-    for key in ("image_size", "in_channels"):
-        if getattr(evaluator, key) != getattr(final, key):
-            raise _refused(
-                "evaluator",
-                f"model.{key}",
-                getattr(evaluator, key),
-                f"it judges the family's final images, whose {key} is {getattr(final, key)}",
-            )
+    final = stages.get("upsampler", stages["base"]).config
+    reason = "it judges the family's final images, whose {field} is {value}"
+    keys = ("model.image_size", "model.in_channels")
+    _must_agree("evaluator", keys, stages["evaluator"].config, final, reason)
+
+
+def _must_agree(
+    stage: str, keys: Iterable[str], config: ExperimentConfig, other: ExperimentConfig, reason: str
+) -> None:
+    """Refuse ``stage`` unless each of its ``keys`` (``section.field``) is ``other``'s; ``reason``
+    (formatted with the ``field`` and ``other``'s ``value``) says why it must be."""
+    for key in keys:
+        own, value = attrgetter(key)(config), attrgetter(key)(other)
+        if own != value:
+            raise _refused(stage, key, own, reason.format(field=key.partition(".")[2], value=value))
 
 
 def _check_data(stage: TrainingStage, family: Family) -> None:
@@ -389,25 +395,11 @@ def _check_guide(classifier: ExperimentConfig, base: ExperimentConfig) -> None:
     """guided-diffusion's classifier guidance: the classifier sees the base model's x_t at the
     base model's timesteps, so images, diffusion steps (and a class-conditional base's
     classes) must agree."""
-    pairs = [
-        ("model.image_size", classifier.model.image_size, base.model.image_size),
-        ("model.in_channels", classifier.model.in_channels, base.model.in_channels),
-        (
-            "diffusion.diffusion_steps",
-            classifier.diffusion.diffusion_steps,
-            base.diffusion.diffusion_steps,
-        ),
-        (
-            "diffusion.noise_schedule",
-            classifier.diffusion.noise_schedule,
-            base.diffusion.noise_schedule,
-        ),
-    ]
-    if base.model.class_cond:
-        pairs.append(("model.num_classes", classifier.model.num_classes, base.model.num_classes))
-    for key, own, bases in pairs:
-        if own != bases:
-            raise _refused("classifier", key, own, f"it guides the base model, whose is {bases!r}")
+    keys = ["model.image_size", "model.in_channels", "diffusion.diffusion_steps"]
+    keys += ["diffusion.noise_schedule", *(["model.num_classes"] if base.model.class_cond else [])]
+    _must_agree(
+        "classifier", keys, classifier, base, "it guides the base model, whose is {value!r}"
+    )
 
 
 def _check_upsampler(upsampler: ExperimentConfig, base: ExperimentConfig) -> None:
@@ -419,13 +411,8 @@ def _check_upsampler(upsampler: ExperimentConfig, base: ExperimentConfig) -> Non
             upsampler.super_res.small_size,
             f"it upsamples the base model's samples, which are {size}x{size}",
         )
-    if upsampler.model.in_channels != base.model.in_channels:
-        raise _refused(
-            "upsampler",
-            "model.in_channels",
-            upsampler.model.in_channels,
-            f"the base model's images have {base.model.in_channels}",
-        )
+    reason = "the base model's images have {value}"
+    _must_agree("upsampler", ["model.in_channels"], upsampler, base, reason)
     if upsampler.model.class_cond and not base.model.class_cond:
         raise _refused(
             "upsampler",

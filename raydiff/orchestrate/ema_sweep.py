@@ -99,8 +99,7 @@ def plan_sweep(options: EmaOptions) -> SweepPlan:
     evaluator (and that it takes the model's images), ``--num-samples``, the val split, and a new
     or empty output folder."""
     run = as_location(options.run)
-    checkpoint = checkpoint_folder(run, options.step)
-    step = int(checkpoint.name.removeprefix("checkpoint_"))
+    checkpoint, step = checkpoint_folder(run, options.step)
     config = saved_config(checkpoint)
     spec = task_spec(config.train.task)
     from raydiff.data.manifest import load_manifest

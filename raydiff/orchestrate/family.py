@@ -33,7 +33,7 @@ from typing import IO, Literal
 from raydiff.config import ExperimentConfig
 from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError
 from raydiff.family.spec import Family, TrainingStage, load_family
-from raydiff.storage import local_path
+from raydiff.storage import StoragePath, local_path
 from raydiff.tracking import (
     finish_parent_tracking,
     keeps_runs,
@@ -103,13 +103,24 @@ class FamilyLoad:
 def run_family(how: FamilyLoad, *, output: str, address: str | None) -> Path:
     """Check the family, prepare its missing datasets, train, sample and judge it under
     ``output``; returns the report's path (``DIR/report.md``)."""
+    import ray
+
+    from raydiff.data.prepare import prepare_dataset
     from raydiff.evaluate.family_report import write_family_report
     from raydiff.orchestrate.ray_session import ensure_ray
 
-    out = _output_folder(output)
+    folder = local_path(output)
+    if folder is None:
+        raise UserInputError(
+            f"--output {output}: a family's folder is local (its stages' logs and report are "
+            "written there); its stages may still train on a cluster"
+        )
+    out = folder.resolve()
     family = how.load()  # every check that needs no data, before anything is written
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    _prepare_datasets(family)
+    for name in family.waiting_for_data:
+        logger.info("preparing the dataset %s (once)", name)
+        print(prepare_dataset(family.datasets[name]).format())
     family = how.load()  # the checks that need the data (classes, channels)
     # A local instance holds every training's workers at once (ensure_ray adds Ray Data's).
     cpus = sum(
@@ -118,7 +129,9 @@ def run_family(how: FamilyLoad, *, output: str, address: str | None) -> Path:
     )
     ensure_ray(address=address, num_workers=math.ceil(cpus), cpus_per_worker=1.0)
     tracked = start_family_tracking(family, out=out)
-    stages = _stage_runs(family, out=out, address=_address_for_stages(address))
+    # The stages' processes join the address given, else the local instance started here.
+    address = address or ray.get_runtime_context().gcs_address
+    stages = _stage_runs(family, out=out, address=address)
     run_stages(stages, out=out)
     done = {s.name for s in stages if s.state == "done"}
     if {"sample", "evaluator"} <= done:
@@ -145,41 +158,13 @@ def start_family_tracking(family: Family, *, out: Path) -> ExperimentConfig | No
     return config
 
 
-def _output_folder(output: str) -> Path:
-    folder = local_path(output)
-    if folder is None:
-        raise UserInputError(
-            f"--output {output}: a family's folder is local (its stages' logs and report are "
-            "written there); its stages may still train on a cluster"
-        )
-    return folder.resolve()
-
-
-def _prepare_datasets(family: Family) -> None:
-    from raydiff.data.prepare import prepare_dataset
-
-    for name in family.waiting_for_data:
-        logger.info("preparing the dataset %s (once)", name)
-        print(prepare_dataset(family.datasets[name]).format())
-
-
-def _address_for_stages(address: str | None) -> str:
-    """The address the stages' processes join: the one given, else the local instance this
-    process started (its GCS address)."""
-    import ray
-
-    if address:
-        return address
-    return ray.get_runtime_context().gcs_address
-
-
 def _stage_runs(family: Family, *, out: Path, address: str) -> list[StageRun]:
     """Every stage of ``family``: its trainings, then ``sample``."""
     runs = [
         StageRun(
             name=stage.name,
             needs=(),
-            commands=_training_commands(stage, out=out, address=address),
+            commands=lambda stage=stage: _training_commands(stage, out=out, address=address),
             log=out / "logs" / f"{stage.name}.log",
         )
         for stage in family.stages.values()
@@ -196,22 +181,17 @@ def _stage_runs(family: Family, *, out: Path, address: str) -> list[StageRun]:
     return runs
 
 
-def _training_commands(
-    stage: TrainingStage, *, out: Path, address: str
-) -> Callable[[], list[list[str]]]:
-    def commands() -> list[list[str]]:
-        run = out / stage.name
-        if _finished(run, max_steps=stage.config.train.max_steps):
-            return []
-        return [stage.argv(output=str(run), address=address)]
-
-    return commands
+def _training_commands(stage: TrainingStage, *, out: Path, address: str) -> list[list[str]]:
+    """The stage's training command, unless its run has a checkpoint at ``max_steps`` (or
+    later)."""
+    checkpoint = latest_checkpoint(out / stage.name)
+    if checkpoint is not None and _step(checkpoint) >= stage.config.train.max_steps:
+        return []
+    return [stage.argv(output=str(out / stage.name), address=address)]
 
 
-def _finished(run: Path, *, max_steps: int) -> bool:
-    """Whether the run under ``run`` has a checkpoint at ``max_steps`` (or later)."""
-    checkpoint = latest_checkpoint(run)
-    return checkpoint is not None and int(checkpoint.name.split("_")[-1]) >= max_steps
+def _step(checkpoint: Path | StoragePath) -> int:
+    return int(checkpoint.name.split("_")[-1])
 
 
 def final_checkpoint(out: Path, stage: str) -> str:
@@ -290,10 +270,10 @@ def posthoc_ema_commands(family: Family, *, out: Path) -> list[list[str]]:
             continue
         checkpoint = Path(final_checkpoint(out, stage))
         if not (checkpoint / f"{weights}.pt").is_file():
-            step = checkpoint.name.split("_")[-1]
             length = weights.removeprefix(POSTHOC_PREFIX)
+            step = str(_step(checkpoint))
             commands.append(
-                ["ema", "--run", str(out / stage), "--sigma-rel", length, "--step", str(int(step))]
+                ["ema", "--run", str(out / stage), "--sigma-rel", length, "--step", step]
             )
     return commands
 
