@@ -44,7 +44,6 @@ class ModelActor:
         diffusion_config: DiffusionConfig,
         weights: dict[str, Any],
         *,
-        threads: int = 1,
         guidance: Guidance | None = None,
     ) -> None:
         import torch
@@ -52,7 +51,7 @@ class ModelActor:
         from raydiff.factory import create_gaussian_diffusion
         from raydiff.train.tasks import task_spec
 
-        torch.set_num_threads(threads)
+        torch.set_num_threads(1)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         spec = task_spec(config.train.task)
         model = spec.network(config)
@@ -222,7 +221,7 @@ def model_actors(
     resources = {"num_gpus": 1} if use_gpu else {"num_cpus": 1}
     actors = [
         ModelActor.options(**resources).remote(
-            config, diffusion_config, weights_ref, threads=1, guidance=guidance_ref
+            config, diffusion_config, weights_ref, guidance=guidance_ref
         )
         for _ in range(num_workers)
     ]

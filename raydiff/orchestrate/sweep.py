@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import json
 import logging
-import math
 import os
 import tempfile
 import time
@@ -37,6 +36,7 @@ from raydiff.orchestrate.training_job import (
     run_training_job,
     with_absolute_data_dir,
 )
+from raydiff.results_table import finite
 from raydiff.storage import (
     StoragePath,
     names_a_bucket,
@@ -363,7 +363,6 @@ def start_sweep(
     loaded: LoadedSweep,
     *,
     output_dir: str | Path,
-    manifest: Manifest | None = None,
     address: str | None = None,
 ) -> SweepOutcome:
     """Run a new sweep into ``output_dir``; refuses a folder that already holds anything."""
@@ -386,7 +385,7 @@ def start_sweep(
     (out / BASE_CONFIG_FILE).write_text(to_yaml(loaded.raw_base_config))
     saved = {**loaded.source, "base": BASE_CONFIG_FILE, "set": loaded.all_overrides()}
     (out / SWEEP_FILE).write_text(yaml.safe_dump(saved, sort_keys=False))
-    return _run(loaded, out=out, manifest=manifest, address=address, restore=False)
+    return _run(loaded, out=out, address=address, restore=False)
 
 
 def resume_sweep(output_dir: str | Path, *, address: str | None = None) -> SweepOutcome:
@@ -405,20 +404,19 @@ def resume_sweep(output_dir: str | Path, *, address: str | None = None) -> Sweep
     restore = tune.Tuner.can_restore(tune_path(out), storage_filesystem=ray_storage(out)[1])
     if not restore:
         logger.warning("no Tune state in %s yet: starting its trials afresh", out / TUNE_DIR)
-    return _run(loaded, out=out, manifest=None, address=address, restore=restore)
+    return _run(loaded, out=out, address=address, restore=restore)
 
 
 def _run(
     loaded: LoadedSweep,
     *,
     out: StoragePath,
-    manifest: Manifest | None,
     address: str | None,
     restore: bool,
 ) -> SweepOutcome:
     # Trials run in other working directories; the caller's sweep and config stay as they were.
     loaded = dataclasses.replace(loaded, base_config=with_absolute_data_dir(loaded.base_config))
-    manifest = manifest or load_manifest(loaded.base_config.data.data_dir)
+    manifest = load_manifest(loaded.base_config.data.data_dir)
     loaded.base_config.tracking.check_installed()  # before Ray and Tune start
     scaling = loaded.base_config.scaling
     concurrency = loaded.sweep.max_concurrent_trials or _default_concurrency(loaded)
@@ -486,14 +484,7 @@ def _row(loaded: LoadedSweep, *, out: StoragePath, result: Any, unfinished: set[
     metrics = dict(result.metrics or {})
     step = metrics.get("step")
     reported = {m.key for m in loaded.task.all_metrics()}  # less Tune's own bookkeeping
-    numbers = {
-        k: float(v)
-        for k, v in metrics.items()
-        if isinstance(v, int | float)
-        and not isinstance(v, bool)
-        and math.isfinite(v)
-        and k in reported
-    }
+    numbers = {k: float(v) for k, v in metrics.items() if k in reported and finite(v)}
     checkpoint = latest_checkpoint(run_dir)
     config = read_run_config(run_dir)
     seed = config.train.seed if config is not None else None

@@ -322,7 +322,8 @@ def load_sweep(
     if isinstance(path_or_data, Mapping):
         data = dict(path_or_data)
     else:
-        file = _sweep_path(str(path_or_data))
+        # A sweep file's path, or a shipped one's by name (sweep_demo).
+        file = shipped_file(str(path_or_data), prefix=SWEEP_PREFIX, kind="sweep")
         base_dir = file.parent
         data = read_yaml_mapping(file, what=f"sweep file {str(file)!r}", holds="sweep settings")
     sweep = from_dict(SweepConfig, data, where="sweep")
@@ -355,11 +356,6 @@ def load_sweep(
     )
     check_trials(loaded, manifest=manifest)
     return loaded
-
-
-def _sweep_path(path_or_name: str) -> Path:
-    """A sweep file's path, or a shipped one's by name (``sweep_demo``)."""
-    return shipped_file(path_or_name, prefix=SWEEP_PREFIX, kind="sweep")
 
 
 def check_trials(loaded: LoadedSweep, *, manifest: Manifest | None = None) -> None:
