@@ -25,7 +25,7 @@ and the field.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -58,40 +58,38 @@ class Role:
     """What a training stage must train, and a preset that does."""
 
     what: str
-    fits: Callable[[ExperimentConfig], bool]
+    command: str
+    """The ``raydiff`` command that trains it."""
     example: str
+    low_res: bool = False
+    noised: bool | None = None
+    """A classifier's ``classifier.noised`` (None: not a classifier)."""
 
-
-def _trains_with(command: str, *, low_res: bool) -> Callable[[ExperimentConfig], bool]:
-    def fits(config: ExperimentConfig) -> bool:
+    def fits(self, config: ExperimentConfig) -> bool:
         spec = task_spec(config.train.task)
-        return spec.train_command == command and spec.low_res_input == low_res
-
-    return fits
-
-
-def _classifier(*, noised: bool) -> Callable[[ExperimentConfig], bool]:
-    trains = _trains_with("train-classifier", low_res=False)
-    return lambda config: trains(config) and config.classifier.noised == noised
+        if (spec.train_command, spec.low_res_input) != (self.command, self.low_res):
+            return False
+        return self.noised is None or config.classifier.noised == self.noised
 
 
 ROLES = {
-    "base": Role(
-        what="a diffusion model", fits=_trains_with("train", low_res=False), example="demo"
-    ),
+    "base": Role(what="a diffusion model", command="train", example="demo"),
     "classifier": Role(
         what="a noisy classifier (classifier.noised=true)",
-        fits=_classifier(noised=True),
+        command="train-classifier",
+        noised=True,
         example="classifier_demo",
     ),
     "upsampler": Role(
         what="an upsampler (train.task=super_res)",
-        fits=_trains_with("train", low_res=True),
+        command="train",
+        low_res=True,
         example="upsampler_demo",
     ),
     "evaluator": Role(
         what="a clean classifier (classifier.noised=false)",
-        fits=_classifier(noised=False),
+        command="train-classifier",
+        noised=False,
         example="evaluator_demo",
     ),
 }
@@ -300,13 +298,8 @@ def _training_stage(
             config.train.task,
             f"the {name} stage trains {role.what} (e.g. config: {role.example})",
         )
-    spec = task_spec(config.train.task)
     return TrainingStage(
-        name=name,
-        source=source,
-        overrides=tuple(overrides),
-        config=config,
-        command=spec.train_command,
+        name=name, source=source, overrides=tuple(overrides), config=config, command=role.command
     )
 
 
