@@ -188,18 +188,13 @@ class EmaOptions:
         if self.features and self.inception:
             reason = "measures in a classifier's features: drop --inception"
             raise self._refused("features", self.features, reason)
-        given = [
-            name
-            for name, value in (
-                ("--features", self.features),
-                ("--inception", self.inception),
-                ("--num-samples", self.num_samples),
-                ("--out", self.out),
-            )
-            if value
-        ]
+        given = self.given("features", "inception", "num_samples", "out")
         if given and not self.evaluate:
             raise UserInputError(f"{' / '.join(given)} apply to a sweep: add --evaluate")
+
+    def given(self, *names: str) -> list[str]:
+        """The flags of the fields ``names`` that were given."""
+        return [f"--{name.replace('_', '-')}" for name in names if getattr(self, name)]
 
     def _refused(self, name: str, value: object, reason: str) -> ConfigError:
         return ConfigError(section=self.section, field=name, value=value, reason=reason)

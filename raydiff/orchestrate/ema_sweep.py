@@ -113,12 +113,7 @@ def plan_sweep(options: EmaOptions) -> SweepPlan:
     if spec.posthoc_sweep == "samples":
         ranking = _check_sampling(options, config)
     else:
-        flags = (
-            ("--features", options.features),
-            ("--inception", options.inception),
-            ("--num-samples", options.num_samples),
-        )
-        if given := [name for name, value in flags if value]:
+        if given := options.given("features", "inception", "num_samples"):
             raise UserInputError(
                 f"{' / '.join(given)}: the run is train.task={config.train.task}, whose sweep "
                 "measures no samples (see docs/posthoc_ema.md): leave them out"
