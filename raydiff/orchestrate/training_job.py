@@ -71,7 +71,6 @@ def run_training_job(
     resume: str | Path | None = None,
     manifest: Manifest | None = None,
     address: str | None = None,
-    show_data_progress: bool = False,
     callbacks: list[Any] | None = None,
     cached_splits: dict[str, Any] | None = None,
     make_task: TaskFactory | None = None,
@@ -120,7 +119,6 @@ def run_training_job(
             start=start,
             manifest=manifest,
             address=address,
-            show_data_progress=show_data_progress,
             callbacks=callbacks,
             cached_splits=cached_splits,
             make_task=make_task,
@@ -134,7 +132,6 @@ def _train_on_ray(
     start: StartPoint,
     manifest: Manifest,
     address: str | None,
-    show_data_progress: bool,
     callbacks: list[Any] | None,
     cached_splits: dict[str, Any] | None,
     make_task: TaskFactory | None,
@@ -152,11 +149,10 @@ def _train_on_ray(
         cpus_per_worker=config.scaling.cpus_per_worker,
         use_gpu=config.scaling.use_gpu,
     )
-    if not show_data_progress:
-        from ray.data import DataContext
+    from ray.data import DataContext
 
-        # Ray Data's per-operator bars drown the training log; the dashboard shows them.
-        DataContext.get_current().enable_progress_bars = False
+    # Ray Data's per-operator bars drown the training log; the dashboard shows them.
+    DataContext.get_current().enable_progress_bars = False
     quiet_ray_console()  # after ray.data's import: its console handler gets the noise filter
     from raydiff.orchestrate.metrics import RunEventMetrics
     from raydiff.orchestrate.repeated_failure import StopRepeatedFailure
@@ -300,11 +296,11 @@ def _torch_trainer(
             # the newest complete checkpoint in the folder (also one a --single-process run
             # wrote).
             "resume": start.checkpoint,
-            "datasets": sorted(ray_datasets),
-            "num_val_images": num_val_images,
-            "make_task": make_task,
-            "cached_train": cached_train,  # its blocks' references: each node maps them once
-            "verbose": verbose(),
+            "datasets": sorted(ray_datasets),  # the names of those passed to Train
+            "num_val_images": num_val_images,  # 0 without a val split
+            "make_task": make_task,  # None: the task train.task names
+            "cached_train": cached_train,  # None: streamed; else its blocks, each node maps them once
+            "verbose": verbose(),  # raydiff -v: Ray's console output as Ray makes it
         },
         torch_config=TorchConfig(),
         scaling_config=ray.train.ScalingConfig(
