@@ -1,26 +1,9 @@
-"""Family files: guided-diffusion's family of models as one job (``raydiff family``). No Ray here.
+"""Family files: guided-diffusion's family of models as one job (``raydiff family``; the file,
+with an example, and every check: docs/family.md). No Ray here.
 
-A family file (YAML)::
-
-    datasets:                      # prepared first where missing (raydiff prepare's options)
-      data/fashion-mnist-8px: {source: fashion-mnist, image_size: 8}
-    base:                          # the diffusion model (raydiff train)
-      config: demo                 # a preset's name or a training config file
-      set: {image_size: 8, data_dir: data/fashion-mnist-8px}   # as --set takes them
-      resources: {num_workers: 1}  # the scaling section: num_workers, cpus_per_worker, use_gpu
-    classifier: {config: classifier_demo, set: {...}}   # noisy, guides the base (optional)
-    upsampler: {config: upsampler_demo}                  # lifts the base's samples (optional)
-    evaluator: {config: evaluator_demo}                  # clean, judges the samples
-    sample: {num_samples: 256, classifier_scale: 1.0}    # the guided cascade (:class:`Sampling`)
-    evaluate: {split: test}                              # the data it is judged against
-    tracking: {backend: tensorboard,mlflow}              # every stage's tracking section
-
-Every check runs here, before anything starts: unknown keys, each stage's config (built and
-checked as ``raydiff train`` builds it, fitted to its data where the data exists), each stage's
-role (a noisy classifier, an upsampler, ...), and how the stages fit together: the classifier's
-images, classes and diffusion steps are the base model's, the upsampler's small size is the base
-model's size, the evaluator takes the final images. Every refusal is one line naming the stage
-and the field.
+Every check runs here, before anything starts: each stage's config is built and checked as its
+own command builds it, then its role and how the stages fit together; every refusal is one
+line naming the stage and the field.
 """
 
 from __future__ import annotations

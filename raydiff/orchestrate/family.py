@@ -1,19 +1,10 @@
 """``raydiff family``: guided-diffusion's family of models trained together on one Ray cluster,
-then its guided cascade sampled and judged.
+then its guided cascade sampled and judged (what runs, resuming and failures: docs/family.md).
 
 Each stage is the single command a user would run (``raydiff train``, ``train-classifier``,
 ``sample``), started as its own process that joins the family's cluster (``--address``), with its
-output under ``DIR/<stage>/`` and its console in ``DIR/logs/<stage>.log``. Stages whose inputs are
-ready run at the same time, as separate Ray Train runs sharing the cluster; Ray schedules their
-workers as resources free up. The four trainings need nothing but their data; ``sample`` waits for
-the base model, the classifier and the upsampler; ``evaluate`` (in this process) for the samples
-and the evaluator.
-
-Running the command again continues: a training stage whose run reached its ``max_steps`` is
-skipped, an interrupted one continues from its newest checkpoint (its command does that), and a
-sampling run whose samples are written is not drawn again. A failed stage stops only the stages
-that need it; the command then fails naming it, its last line and its log. Ctrl-C or SIGTERM is
-passed on to every running stage, which stops as its single command does.
+output under ``DIR/<stage>/`` and its console in ``DIR/logs/<stage>.log``; a stage starts once
+the stages it needs are done, so a failed one stops only those that need it.
 """
 
 from __future__ import annotations

@@ -1,21 +1,5 @@
-"""Sweep files: a base training config, overrides for every trial, and a search space.
-
-A sweep file (YAML)::
-
-    base: demo                  # a preset's name or a training config file
-    set:                        # overrides of the base config for every trial (as --set)
-      max_steps: 300
-      num_workers: 1            # Ray Train workers per trial
-    search_space:               # any config field, bare or section.field, as --set takes it
-      noise_schedule: {choice: [linear, cosine]}
-      lr: {loguniform: [3.0e-4, 3.0e-3]}
-    num_samples: 4              # trials (times each grid combination)
-    max_concurrent_trials: 0    # 0: as many as the CPUs (GPUs) hold
-    search: random              # random | optuna (TPE; pip install 'raydiff[optuna]')
-    metric: val_bpd             # what ASHA and "best" look at
-    mode: min
-    scheduler: {name: asha, grace_period: 100, reduction_factor: 2}
-    seed: 0                     # the search's seed; trial seeds derive from it
+"""Sweep files: a base training config, overrides for every trial, and a search space (the
+file, with an example: docs/sweeps.md; each field: :class:`SweepConfig`).
 
 Everything here is checked before any trial starts (:func:`load_sweep`), including that every
 trial the space can produce is a valid training config. No Ray here.
