@@ -198,6 +198,10 @@ def sample_commands(family: Family, *, out: Path, address: str) -> list[list[str
     the guided cascade (``DIR/sample/guided``) and, with a classifier, the unguided one
     (``DIR/sample/unguided``); each writes its base samples and its upsampled ones."""
     options = family.sample
+
+    def weights(flag: str, name: str | None) -> list[str]:
+        return [flag, name] if name else []
+
     common = [
         "sample",
         "--checkpoint",
@@ -208,7 +212,7 @@ def sample_commands(family: Family, *, out: Path, address: str) -> list[list[str
         *("--batch-size", str(options.batch_size)),
         *("--num-workers", str(options.num_workers)),
         *("--seed", str(options.seed)),
-        *(("--weights", options.weights) if options.weights else ()),
+        *weights("--weights", options.weights),
         *("--address", address),
     ]
     if "upsampler" in family.stages:
@@ -216,22 +220,14 @@ def sample_commands(family: Family, *, out: Path, address: str) -> list[list[str
             *("--upsampler", final_checkpoint(out, "upsampler")),
             *("--upsampler-respacing", options.upsampler_respacing),
             *(("--upsampler-use-ddim",) if options.upsampler_use_ddim else ()),
-            *(
-                ("--upsampler-weights", options.upsampler_weights)
-                if options.upsampler_weights
-                else ()
-            ),
+            *weights("--upsampler-weights", options.upsampler_weights),
         ]
     runs = {"unguided": common}
     if "classifier" in family.stages:
         guidance = [
             *("--classifier", final_checkpoint(out, "classifier")),
             *("--classifier-scale", str(options.classifier_scale)),
-            *(
-                ("--classifier-weights", options.classifier_weights)
-                if options.classifier_weights
-                else ()
-            ),
+            *weights("--classifier-weights", options.classifier_weights),
         ]
         runs = {"guided": [*common, *guidance], **runs}
     sampling = [
