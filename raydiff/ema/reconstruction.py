@@ -1,13 +1,10 @@
 """``raydiff ema``: EMA weights of any length, reconstructed after training from a run's post-hoc
-EMA snapshots (EDM2, Karras et al. 2024, sec. 3 and algorithm 3). No Ray here.
+EMA snapshots (EDM2, Karras et al. 2024, sec. 3 and algorithm 3; the files and their use:
+docs/posthoc_ema.md). No Ray here.
 
-A run trained with ``optim.posthoc_ema_stds`` leaves ``posthoc_ema/snapshot_NNNNNNN.pt`` files,
-each the tracked power-function profiles at its step. The weights of a target profile (its
-length sigma_rel, at the step of a checkpoint) are the least-squares combination of every
-snapshot up to that step (:func:`raydiff.train.posthoc_ema.reconstruction_coefficients`). They
-are written into the checkpoint folder as ``phema_<sigma_rel, three decimals>.pt``, a model
-state dict that ``raydiff sample --weights phema_0.080`` and the other commands take as they take
-``ema_<rate>``. Snapshots are read one at a time, so memory holds one snapshot and the targets.
+The weights of a target profile are the least-squares combination of every snapshot up to its
+step (:func:`raydiff.train.posthoc_ema.reconstruction_coefficients`). Snapshots are read one at
+a time, so memory holds one snapshot and the targets.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The Tune driver: one Ray Train run (``run_training_job``) per trial, early stopping by ASHA.
 
-``run_sweep(loaded, output_dir=...)`` runs a checked sweep (:func:`raydiff.sweep.spec.
-load_sweep`) under ``tune.Tuner`` in Train V2 style: the trainable is a small function that
-builds the trial's config and calls :func:`raydiff.orchestrate.training_job.run_training_job`, whose
-workers' reports reach Tune through :class:`EvaluationRelay`. ``resume_sweep(output_dir)``
-continues an interrupted one with ``Tuner.restore``; finished and failed trials are not re-run,
-and an interrupted trial continues its own run from its newest checkpoint. The sweep folder's
-layout: docs/sweeps.md.
+``start_sweep`` runs a checked sweep (:func:`raydiff.sweep.spec.load_sweep`) under
+``tune.Tuner``, the workers' reports reaching Tune through :class:`EvaluationRelay`;
+``resume_sweep`` continues an interrupted one with ``Tuner.restore`` (which trials run again,
+and the sweep folder's layout: docs/sweeps.md).
 """
 
 from __future__ import annotations

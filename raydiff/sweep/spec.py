@@ -131,7 +131,11 @@ class SweepConfig:
             raise _fail("num_samples", self.num_samples, "must be >= 1")
         if self.max_concurrent_trials < 0:
             raise _fail("max_concurrent_trials", self.max_concurrent_trials, "must be >= 0")
-        objectives = all_objectives()
+        from raydiff.train.tasks import task_specs  # the tasks import torch: only when asked
+
+        # Every metric some task's spec lets a sweep optimise.
+        specs = task_specs().values()
+        objectives = tuple(dict.fromkeys(key for spec in specs for key in spec.objectives))
         if self.metric and self.metric not in objectives:
             raise _fail("metric", self.metric, f"valid: {', '.join(objectives)}")
         if self.seed < 0:
@@ -152,14 +156,6 @@ class SweepConfig:
     def set_items(self) -> list[str]:
         """``set`` as ``--set`` items."""
         return [f"{key}={override_text(value)}" for key, value in self.set.items()]
-
-
-def all_objectives() -> tuple[str, ...]:
-    """Every metric some task's spec lets a sweep optimise."""
-    from raydiff.train.tasks import task_specs  # the tasks import torch: only when asked
-
-    specs = task_specs().values()
-    return tuple(dict.fromkeys(key for spec in specs for key in spec.objectives))
 
 
 def with_objective(sweep: SweepConfig, task_name: str) -> SweepConfig:
