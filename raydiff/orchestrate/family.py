@@ -79,21 +79,12 @@ class StageRun:
         return next((line for line in reversed(lines) if line and RAYLET not in line), "")
 
 
-@dataclass(frozen=True, kw_only=True)
-class FamilyLoad:
-    """How the family file is read (again, once its datasets are prepared)."""
-
-    path: str
-    overrides: list[str]
-    max_steps: int | None
-
-    def load(self) -> Family:
-        return load_family(self.path, overrides=self.overrides, max_steps=self.max_steps)
-
-
-def run_family(how: FamilyLoad, *, output: str, address: str | None) -> Path:
-    """Check the family, prepare its missing datasets, train, sample and judge it under
-    ``output``; returns the report's path (``DIR/report.md``)."""
+def run_family(
+    path: str, *, overrides: list[str], max_steps: int | None, output: str, address: str | None
+) -> Path:
+    """Check the family file ``path`` (with ``--set`` ``overrides`` and ``--max-steps``), prepare
+    its missing datasets, train, sample and judge it under ``output``; returns the report's path
+    (``DIR/report.md``)."""
     import ray
 
     from raydiff.data.prepare import prepare_dataset
@@ -107,12 +98,14 @@ def run_family(how: FamilyLoad, *, output: str, address: str | None) -> Path:
             "written there); its stages may still train on a cluster"
         )
     out = folder.resolve()
-    family = how.load()  # every check that needs no data, before anything is written
+    # Every check that needs no data, before anything is written.
+    family = load_family(path, overrides=overrides, max_steps=max_steps)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     for name in family.waiting_for_data:
         logger.info("preparing the dataset %s (once)", name)
         print(prepare_dataset(family.datasets[name]).format())
-    family = how.load()  # the checks that need the data (classes, channels)
+    # Again, once its datasets are prepared: the checks that need the data (classes, channels).
+    family = load_family(path, overrides=overrides, max_steps=max_steps)
     # A local instance holds every training's workers at once (ensure_ray adds Ray Data's).
     cpus = sum(
         s.config.scaling.worker_sizes[0] * s.config.scaling.cpus_per_worker
