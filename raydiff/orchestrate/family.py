@@ -295,7 +295,10 @@ def run_stages(stages: list[StageRun], *, out: Path, launch: Launch = launch_com
                     _advance(stage, stages, launch=launch)
                 if time.monotonic() - last_progress > PROGRESS_SECONDS:
                     last_progress = time.monotonic()
-                    _print_progress(stages)
+                    for stage in stages:  # each running stage's last log line
+                        if stage.state == "running":
+                            line = LOG_PREFIX.sub("", stage.last_line())[:160]
+                            logger.info("%s: %s", stage.name, line)
                 time.sleep(POLL_SECONDS)
     except KeyboardInterrupt as error:
         running = _stop_all(stages, sigterm=stopped.sigterm)
@@ -355,12 +358,6 @@ def _finish(stage: StageRun, state: State, note: str) -> None:
         stage.log_file = None
     shown = logger.error if state == "failed" else logger.info
     shown("%s: %s", stage.name, note)
-
-
-def _print_progress(stages: list[StageRun]) -> None:
-    for stage in stages:
-        if stage.state == "running":
-            logger.info("%s: %s", stage.name, LOG_PREFIX.sub("", stage.last_line())[:160])
 
 
 def _stop_all(stages: list[StageRun], *, sigterm: bool) -> list[str]:
