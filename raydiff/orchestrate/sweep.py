@@ -15,6 +15,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,26 +214,24 @@ def _default_concurrency(loaded: LoadedSweep) -> int:
     return max(1, int(cpus // per_trial))
 
 
-class TrialDirName:
+def trial_dir_namer(out: StoragePath, dims: tuple[SearchDimension, ...]) -> Callable[[Any], str]:
     """A trial's name and folder name: its number and its values.
 
     Tune's trial ids are random with a search algorithm like Optuna, so the number (0, 1, 2,
     ... in the order Tune creates the trials, the same after a resume; in the folder name, and
     what the trial's seed derives from) is kept in ``trial_numbers.json`` in the sweep folder.
-    Tune calls this in the driver, one trial at a time.
+    Tune calls the namer in the driver, one trial at a time.
     """
+    file = out / "trial_numbers.json"
 
-    def __init__(self, out: StoragePath, dims: tuple[SearchDimension, ...]) -> None:
-        self._file = out / "trial_numbers.json"
-        self._dims = dims
-
-    def __call__(self, trial: Any) -> str:
-        numbers = json.loads(self._file.read_text()) if self._file.is_file() else {}
+    def name(trial: Any) -> str:
+        numbers = json.loads(file.read_text()) if file.is_file() else {}
         if trial.trial_id not in numbers:
             numbers[trial.trial_id] = max(numbers.values(), default=-1) + 1
-            write_text_atomically(self._file, json.dumps(numbers, indent=1))
-        values = _display_values(self._dims, trial.config)
-        return trial_run_name(numbers[trial.trial_id], values)
+            write_text_atomically(file, json.dumps(numbers, indent=1))
+        return trial_run_name(numbers[trial.trial_id], _display_values(dims, trial.config))
+
+    return name
 
 
 def _tuner(
@@ -277,7 +276,7 @@ def _tuner(
             resume_errored=False,
             restart_errored=False,
         )
-    name = TrialDirName(out, loaded.dimensions)
+    name = trial_dir_namer(out, loaded.dimensions)
     return tune.Tuner(
         trainable,
         param_space=_param_space(loaded.dimensions),
