@@ -89,11 +89,10 @@ class TrainingMetrics:
     def __init__(self, run_name: str, *, task: TaskSpec, world_size: int) -> None:
         self.run_name = run_name
         tags = {RUN_TAG: run_name}
-        self._gauges: dict[str, Gauge] = {}
-        for key, metric in gauges(task).items():
-            self._gauges[key] = _gauge(metric.gauge, metric.description, tags)
-        for name, description in SAMPLER.items():
-            self._gauges[name] = _gauge(name, description, tags)
+        self._gauges = {
+            key: _gauge(m.gauge, m.description, tags) for key, m in gauges(task).items()
+        }
+        self._gauges |= {name: _gauge(name, text, tags) for name, text in SAMPLER.items()}
         _gauge(*WORKERS, tags).set(float(world_size))
 
     def publish(self, report: Mapping[str, Any], *, sampler: ScheduleSampler | None = None) -> None:

@@ -135,7 +135,7 @@ class TrialLifecycle(tune.Callback):
 
 @dataclass(kw_only=True)
 class SweepOutcome:
-    """What ``run_sweep`` produced."""
+    """What :func:`start_sweep` or :func:`resume_sweep` produced."""
 
     rows: list[TrialRow]
     table: str
