@@ -163,17 +163,13 @@ def _refused(stage: str, key: str, value: Any, reason: str) -> UserInputError:
     return UserInputError(f"stage {stage}: {key}={value!r} is invalid: {reason}")
 
 
-def family_path(path_or_name: str) -> Path:
-    """A family file's path, or a shipped one's by name (``family_demo``)."""
-    return shipped_file(path_or_name, prefix=FAMILY_PREFIX, kind="family")
-
-
 def load_family(
     path_or_name: str, *, overrides: list[str] | None = None, max_steps: int | None = None
 ) -> Family:
     """Read and check a family file, with ``--set STAGE.FIELD=VALUE`` ``overrides`` and
     ``--max-steps`` (a cap on every training stage's ``train.max_steps``)."""
-    file = family_path(path_or_name)
+    # A family file's path, or a shipped one's name (family_demo).
+    file = shipped_file(path_or_name, prefix=FAMILY_PREFIX, kind="family")
     data = read_yaml_mapping(file, what=f"family file {str(file)!r}", holds="stages")
     blocks = _with_overrides(data, overrides or [])
     datasets = _datasets(blocks.pop("datasets", None) or {})
