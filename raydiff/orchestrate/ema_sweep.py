@@ -271,7 +271,6 @@ class WeightsValidator:
 
         torch.set_num_threads(1)
         self.checkpoint = checkpoint
-        self.config = config
         self.spec = task_spec(config.train.task)
         # A task whose validation reads no runtime (a classifier's): the loop's hooks are unused.
         self.task = self.spec.build(config, runtime=None)  # type: ignore[arg-type]

@@ -80,13 +80,12 @@ def run_training_job(
 
     Re-running with the same ``output_dir`` continues that run from its latest checkpoint; a run
     already at ``train.max_steps`` returns at once (its step and checkpoint) without starting Ray.
-    ``manifest``: the dataset's manifest when the caller has read it already. ``address``: the
-    Ray cluster to join (:func:`ensure_ray`). ``callbacks``: Ray Train ``UserCallback``s
-    (a sweep trial relays its reports to Tune with one). ``cached_splits``: the dataset's splits
-    already decoded into the object store (``raydiff.data.pipeline.cache_splits``; a sweep
-    decodes once for all its trials). ``make_task``: the workers' task factory (pickled to
-    them; default the task ``train.task`` names, ``raydiff.train.tasks.task_of_config``).
-    ``tracking_parent``: a sweep's tracked runs (``raydiff.tracking``), this run's parents.
+    ``manifest``: the dataset's, when the caller has read it. ``address``: as :func:`ensure_ray`
+    takes it. ``callbacks``: Ray Train ``UserCallback``s (a sweep trial relays its reports to Tune
+    with one). ``cached_splits``: the splits already in the object store (``raydiff.data.pipeline.
+    cache_splits``: a sweep decodes once for all its trials). ``make_task``: the workers' task
+    factory (default: the task ``train.task`` names). ``tracking_parent``: a sweep's tracked
+    runs, this run's parents.
     """
     # Every check runs before Ray is even imported: a bad config must not start a cluster.
     config = with_absolute_data_dir(config)  # workers chdir into their run folder
