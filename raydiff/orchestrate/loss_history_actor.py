@@ -157,10 +157,8 @@ def get_or_create_actor(
 ) -> ray.actor.ActorHandle:
     """The named actor of the run in ``run_dir``, created if it does not exist (one per run).
 
-    A restarted actor loads its history from ``run_dir``'s checkpoints, or from
-    ``resume_checkpoint``, the checkpoint a ``--resume`` run started from, while ``run_dir`` has
-    none. It only takes effect when this call creates the actor (an existing one keeps the
-    checkpoint it was created with), so the driver and the workers must pass the same one.
+    ``resume_checkpoint`` (where a restart reloads from while ``run_dir`` has no checkpoint) only
+    takes effect when this call creates the actor, so the driver and the workers pass the same.
     """
     return LossHistoryActor.options(
         name=actor_name(run_dir),

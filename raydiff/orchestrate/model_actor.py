@@ -62,11 +62,8 @@ class ModelActor:
         self.compiled_model: torch.nn.Module | None = None  # built by the first compiled batch
         self.low_res_size = config.super_res.small_size if spec.low_res_input else None
         self.diffusion = create_gaussian_diffusion(diffusion_config)
-        self.image_shape = (
-            config.model.in_channels,
-            config.model.image_size,
-            config.model.image_size,
-        )
+        size = config.model.image_size
+        self.image_shape = (config.model.in_channels, size, size)
         self.cond_fn = guidance.cond_fn(self.device) if guidance is not None else None
 
     def sample(

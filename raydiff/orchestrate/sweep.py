@@ -443,7 +443,6 @@ def _run(
     analysis = tune.ExperimentAnalysis(tune_path(out), storage_filesystem=ray_storage(out)[1])
     saved = {Path(t.path).name: t.status for t in analysis.trials}
     unfinished = {name for name, status in saved.items() if status not in ("TERMINATED", "ERROR")}
-    interrupted = bool(unfinished)
     rows = [_row(loaded, out=out, result=result, unfinished=unfinished) for result in grid]
     from raydiff.orchestrate.loss_history_actor import kill_actor
 
@@ -455,11 +454,11 @@ def _run(
     outcome = SweepOutcome(
         rows=rows,
         table=table,
-        interrupted=interrupted,
+        interrupted=bool(unfinished),
         stopped_by=stopped.name,
         tensorboard_dir=out / TRIALS_DIR,
     )
-    if interrupted:
+    if outcome.interrupted:
         return outcome
     outcome.results_csv = write_csv(
         rows, out / "results.csv", metric=loaded.sweep.metric, columns=columns
