@@ -206,12 +206,10 @@ def _default_concurrency(loaded: LoadedSweep) -> int:
     if scaling.use_gpu:
         gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
         return max(1, int(gpus // scaling.max_workers))
-    per_trial = scaling.max_workers * scaling.cpus_per_worker
-    if ray.is_initialized():
-        cpus = ray.cluster_resources().get("CPU", 1) - 2
-    else:
-        cpus = os.cpu_count() or 1
-    return max(1, int(cpus // per_trial))
+    cpus = (
+        ray.cluster_resources().get("CPU", 1) - 2 if ray.is_initialized() else os.cpu_count() or 1
+    )
+    return max(1, int(cpus // (scaling.max_workers * scaling.cpus_per_worker)))
 
 
 def trial_dir_namer(out: StoragePath, dims: tuple[SearchDimension, ...]) -> Callable[[Any], str]:
