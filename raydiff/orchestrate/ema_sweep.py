@@ -1,11 +1,7 @@
 """``raydiff ema --evaluate`` on Ray: reconstruct EMA lengths, then evaluate every one of them
-and the checkpoint's fixed-rate EMAs, and rank them (what is measured for which task, and what
-is written where: docs/posthoc_ema.md).
-
-What is measured comes from the run's task (:attr:`raydiff.train.task.TaskSpec.posthoc_sweep`):
-a diffusion model's samples (FD, precision, recall; the same seed for every weights, so the
-lengths differ only in their weights) and val bits/dim, or a classifier's own validation. Every
-check runs before anything is reconstructed or written.
+and the checkpoint's fixed-rate EMAs, and rank them; what is measured follows the run's task
+(:attr:`raydiff.train.task.TaskSpec.posthoc_sweep`; for which task what, and what is written
+where: docs/posthoc_ema.md). Every check runs before anything is reconstructed or written.
 """
 
 from __future__ import annotations

@@ -6,11 +6,9 @@ Rank 0's ``RayRuntime.report`` hands every report of the loop (``raydiff.train.l
 run's name (``run``); Ray's metrics agent exports them with Ray's ``ray_`` prefix in front. Every
 figure is a gauge, the counts included: ``step`` and ``skipped_steps`` are the run's totals,
 restored from its checkpoint when it resumes, while a Ray counter is per worker process and would
-start again from zero in a restarted worker group.
-
-The run's failures and preemptions are counted where Ray Train sees them, in its controller:
-:class:`RunEventMetrics`, a ``ray.train.UserCallback`` that lives there for the whole ``fit()``,
-across every restart. raydiff's Grafana dashboard (``raydiff/dashboards/``) charts every gauge.
+start again from zero in a restarted worker group. The run's failures and preemptions are
+counted in Ray Train's controller (:class:`RunEventMetrics`). raydiff's Grafana dashboard
+(``raydiff/dashboards/``) charts every gauge.
 """
 
 from __future__ import annotations
