@@ -191,9 +191,7 @@ class ModelActor:
             images=torch.tensor(images[indices.start : indices.stop]),
             indices=indices,
             seed=seed,
-            labels=torch.tensor(labels[indices.start : indices.stop])
-            if labels is not None
-            else None,
+            labels=None if labels is None else torch.tensor(labels[indices.start : indices.stop]),
             clip_denoised=clip_denoised,
             low_res_size=self.low_res_size,
         )

@@ -34,7 +34,7 @@ from raydiff.orchestrate.training_job import (
     run_training_job,
     with_absolute_data_dir,
 )
-from raydiff.results_table import finite
+from raydiff.results_table import cell, finite
 from raydiff.storage import (
     StoragePath,
     names_a_bucket,
@@ -106,16 +106,9 @@ class TrialLifecycle(tune.Callback):
     def on_trial_result(
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
     ) -> None:
-        value = result.get(self._metric)
-        shown = f"{value:.4g}" if isinstance(value, float) else value
-        logger.info(
-            "trial %s  step %s/%d  %s %s",
-            self._name(trial),
-            result.get("step"),
-            self._max_steps,
-            self._metric,
-            shown,
-        )
+        step, value = result.get("step"), cell(result.get(self._metric))
+        name = self._name(trial)
+        logger.info("trial %s  step %s/%d  %s %s", name, step, self._max_steps, self._metric, value)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         step = (trial.last_result or {}).get("step")
