@@ -54,10 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the family, run its stages, print where the report is."""
-    from raydiff.orchestrate.family import FamilyLoad, run_family
+    from raydiff.orchestrate.family import run_family
 
     options = options_from_args(FamilyOptions, args)
-    how = FamilyLoad(path=options.file, overrides=options.overrides, max_steps=options.max_steps)
-    report = run_family(how, output=options.output, address=args.address)
+    report = run_family(
+        options.file,
+        overrides=options.overrides,
+        max_steps=options.max_steps,
+        output=options.output,
+        address=args.address,
+    )
     print(report.read_text())
     return 0

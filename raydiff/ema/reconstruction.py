@@ -1,13 +1,10 @@
 """``raydiff ema``: EMA weights of any length, reconstructed after training from a run's post-hoc
-EMA snapshots (EDM2, Karras et al. 2024, sec. 3 and algorithm 3). No Ray here.
+EMA snapshots (EDM2, Karras et al. 2024, sec. 3 and algorithm 3; the files and their use:
+docs/posthoc_ema.md). No Ray here.
 
-A run trained with ``optim.posthoc_ema_stds`` leaves ``posthoc_ema/snapshot_NNNNNNN.pt`` files,
-each the tracked power-function profiles at its step. The weights of a target profile (its
-length sigma_rel, at the step of a checkpoint) are the least-squares combination of every
-snapshot up to that step (:func:`raydiff.train.posthoc_ema.reconstruction_coefficients`). They
-are written into the checkpoint folder as ``phema_<sigma_rel, three decimals>.pt``, a model
-state dict that ``raydiff sample --weights phema_0.080`` and the other commands take as they take
-``ema_<rate>``. Snapshots are read one at a time, so memory holds one snapshot and the targets.
+The weights of a target profile are the least-squares combination of every snapshot up to its
+step (:func:`raydiff.train.posthoc_ema.reconstruction_coefficients`). Snapshots are read one at
+a time, so memory holds one snapshot and the targets.
 """
 
 from __future__ import annotations
@@ -188,30 +185,16 @@ class EmaOptions:
         if self.features and self.inception:
             reason = "measures in a classifier's features: drop --inception"
             raise self._refused("features", self.features, reason)
-        given = [
-            name
-            for name, value in (
-                ("--features", self.features),
-                ("--inception", self.inception),
-                ("--num-samples", self.num_samples),
-                ("--out", self.out),
-            )
-            if value
-        ]
+        given = self.given("features", "inception", "num_samples", "out")
         if given and not self.evaluate:
             raise UserInputError(f"{' / '.join(given)} apply to a sweep: add --evaluate")
 
+    def given(self, *names: str) -> list[str]:
+        """The flags of the fields ``names`` that were given."""
+        return [f"--{name.replace('_', '-')}" for name in names if getattr(self, name)]
+
     def _refused(self, name: str, value: object, reason: str) -> ConfigError:
         return ConfigError(section=self.section, field=name, value=value, reason=reason)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One snapshot file: its step and the lengths it holds."""
-
-    step: int
-    path: StoragePath
-    sigma_rels: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -229,30 +212,29 @@ def reconstruct_ema(options: EmaOptions) -> list[Reconstructed]:
     """Reconstruct every length of ``options`` at its checkpoint and write it there. Every
     length is checked against the snapshots before anything is read or written."""
     run = as_location(options.run)
-    checkpoint = checkpoint_folder(run, options.step)
-    step = int(checkpoint.name.removeprefix("checkpoint_"))
+    checkpoint, step = checkpoint_folder(run, options.step)
     tracked = _tracked_lengths(checkpoint)
-    every = list_snapshots(run, tracked=tracked)
+    every = list_snapshots(run)
     if not tracked:
         raise UserInputError(
             f"{checkpoint} was saved by a run that tracked no post-hoc EMA "
             "(its optim.posthoc_ema_stds is empty): choose a checkpoint saved while it tracked"
         )
-    snapshots = [s for s in every if s.step <= step]
-    if not snapshots or snapshots[-1].step != step:
+    snapshots = [(at, path) for at, path in every if at <= step]
+    if not snapshots or snapshots[-1][0] != step:
         # Between two snapshots' times no combination represents a profile well (EDM2
         # reconstructs at a snapshot's time): the step must have one.
-        steps = ", ".join(str(s.step) for s in every)
+        steps = ", ".join(str(at) for at, _ in every)
         raise UserInputError(
             f"--step {step}: the run has no post-hoc EMA snapshot at that step (its snapshots' "
             f"steps: {steps}): choose the checkpoint of one of them"
         )
     lengths = [(s, None) for s in options.sigma_rel]
     lengths += [(rate_to_sigma_rel(r, step=step), r) for r in options.rate]
-    pairs = [(float(s.step), float(sigma)) for s in snapshots for sigma in s.sigma_rels]
+    pairs = [(float(at), float(sigma)) for at, _ in snapshots for sigma in tracked]
     errors = [_checked_error(pairs, step, sigma, rate) for sigma, rate in lengths]
     coefficients = reconstruction_coefficients(pairs, [(float(step), s) for s, _ in lengths])
-    states = _combine_snapshots(snapshots, coefficients, num_targets=len(lengths))
+    states = _combine_snapshots([path for _, path in snapshots], tracked, coefficients)
     written = []
     for (sigma, rate), error, state in zip(lengths, errors, states, strict=True):
         name = f"phema_{profile_key(sigma)}"
@@ -264,25 +246,19 @@ def reconstruct_ema(options: EmaOptions) -> list[Reconstructed]:
     return written
 
 
-def list_snapshots(run: StoragePath, *, tracked: tuple[str, ...]) -> list[Snapshot]:
-    """The run's post-hoc EMA snapshots by step, each holding the ``tracked`` lengths; a
-    UserInputError when it has none."""
+def list_snapshots(run: StoragePath) -> list[tuple[int, StoragePath]]:
+    """The run's post-hoc EMA snapshots as (step, file), by step; a UserInputError when it has
+    none."""
     folder = as_location(run) / POSTHOC_DIR
-    found = []
-    if folder.is_dir():
-        for path in folder.iterdir():
-            match = SNAPSHOT_PATTERN.match(path.name)
-            if match:
-                found.append((int(match.group(1)), path))
+    paths = folder.iterdir() if folder.is_dir() else ()
+    matches = ((SNAPSHOT_PATTERN.match(path.name), path) for path in paths)
+    found = sorted(((int(m.group(1)), path) for m, path in matches if m), key=lambda f: f[0])
     if not found:
         raise UserInputError(
             f"{run} has no post-hoc EMA snapshots ({POSTHOC_DIR}/snapshot_*.pt): train it with "
             "--set optim.posthoc_ema_stds=0.05,0.10 to reconstruct EMA lengths afterwards"
         )
-    return [
-        Snapshot(step=step, path=path, sigma_rels=tracked)
-        for step, path in sorted(found, key=lambda item: item[0])
-    ]
+    return found
 
 
 def _tracked_lengths(checkpoint: StoragePath) -> tuple[str, ...]:
@@ -294,13 +270,13 @@ def _tracked_lengths(checkpoint: StoragePath) -> tuple[str, ...]:
     return tuple(profile_key(float(v)) for v in text.split(",") if v.strip())
 
 
-def checkpoint_folder(run: StoragePath, step: int) -> StoragePath:
-    """The checkpoint folder of ``step`` (0: the newest complete one)."""
+def checkpoint_folder(run: StoragePath, step: int) -> tuple[StoragePath, int]:
+    """The checkpoint folder of ``step`` (0: the newest complete one), and its step."""
     if step == 0:
         newest = latest_checkpoint(run)
         if newest is None:
             raise UserInputError(f"{run} has no complete checkpoint to write EMA weights into")
-        return as_location(newest)
+        return as_location(newest), int(newest.name.removeprefix("checkpoint_"))
     folder = run / checkpoint_name(step)
     if not folder.is_dir():
         steps = sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint_"))
@@ -308,7 +284,7 @@ def checkpoint_folder(run: StoragePath, step: int) -> StoragePath:
             f"--step {step}: {run} has no {folder.name}; its checkpoints: "
             f"{', '.join(steps) or '(none)'}"
         )
-    return folder
+    return folder, step
 
 
 def _checked_error(
@@ -334,28 +310,25 @@ def _checked_error(
 
 
 def _combine_snapshots(
-    snapshots: list[Snapshot], coefficients: np.ndarray, *, num_targets: int
+    snapshots: list[StoragePath], tracked: tuple[str, ...], coefficients: np.ndarray
 ) -> list[dict[str, torch.Tensor]]:
     """sum_i X[i, k] * profile_i for every target k, one snapshot file in memory at a time."""
-    sums = [WeightedSum() for _ in range(num_targets)]
+    sums = [WeightedSum() for _ in range(coefficients.shape[1])]
     row = 0
-    for snapshot in snapshots:
-        profiles = _load(snapshot.path)["profiles"]
-        missing = sorted(set(snapshot.sigma_rels) - set(profiles))
+    for path in snapshots:
+        data = as_location(path).read_bytes()
+        profiles = torch.load(io.BytesIO(data), weights_only=True)["profiles"]
+        missing = sorted(set(tracked) - set(profiles))
         if missing:
             raise UserInputError(
-                f"{snapshot.path} lacks the tracked lengths {missing} (it holds "
+                f"{path} lacks the tracked lengths {missing} (it holds "
                 f"{sorted(profiles)}): optim.posthoc_ema_stds changed during the run"
             )
-        for sigma in snapshot.sigma_rels:
+        for sigma in tracked:
             for k, total in enumerate(sums):
                 total.add(profiles[sigma], float(coefficients[row, k]))
             row += 1
     return [total.result() for total in sums]
-
-
-def _load(path: StoragePath) -> dict:
-    return torch.load(io.BytesIO(as_location(path).read_bytes()), weights_only=True)
 
 
 def _ranges(lengths: list[float]) -> str:

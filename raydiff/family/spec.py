@@ -1,32 +1,16 @@
-"""Family files: guided-diffusion's family of models as one job (``raydiff family``). No Ray here.
+"""Family files: guided-diffusion's family of models as one job (``raydiff family``; the file,
+with an example, and every check: docs/family.md). No Ray here.
 
-A family file (YAML)::
-
-    datasets:                      # prepared first where missing (raydiff prepare's options)
-      data/fashion-mnist-8px: {source: fashion-mnist, image_size: 8}
-    base:                          # the diffusion model (raydiff train)
-      config: demo                 # a preset's name or a training config file
-      set: {image_size: 8, data_dir: data/fashion-mnist-8px}   # as --set takes them
-      resources: {num_workers: 1}  # the scaling section: num_workers, cpus_per_worker, use_gpu
-    classifier: {config: classifier_demo, set: {...}}   # noisy, guides the base (optional)
-    upsampler: {config: upsampler_demo}                  # lifts the base's samples (optional)
-    evaluator: {config: evaluator_demo}                  # clean, judges the samples
-    sample: {num_samples: 256, classifier_scale: 1.0}    # the guided cascade (:class:`Sampling`)
-    evaluate: {split: test}                              # the data it is judged against
-    tracking: {backend: tensorboard,mlflow}              # every stage's tracking section
-
-Every check runs here, before anything starts: unknown keys, each stage's config (built and
-checked as ``raydiff train`` builds it, fitted to its data where the data exists), each stage's
-role (a noisy classifier, an upsampler, ...), and how the stages fit together: the classifier's
-images, classes and diffusion steps are the base model's, the upsampler's small size is the base
-model's size, the evaluator takes the final images. Every refusal is one line naming the stage
-and the field.
+Every check runs here, before anything starts: each stage's config is built and checked as its
+own command builds it, then its role and how the stages fit together; every refusal is one
+line naming the stage and the field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -57,40 +41,38 @@ class Role:
     """What a training stage must train, and a preset that does."""
 
     what: str
-    fits: Callable[[ExperimentConfig], bool]
+    command: str
+    """The ``raydiff`` command that trains it."""
     example: str
+    low_res: bool = False
+    noised: bool | None = None
+    """A classifier's ``classifier.noised`` (None: not a classifier)."""
 
-
-def _trains_with(command: str, *, low_res: bool) -> Callable[[ExperimentConfig], bool]:
-    def fits(config: ExperimentConfig) -> bool:
+    def fits(self, config: ExperimentConfig) -> bool:
         spec = task_spec(config.train.task)
-        return spec.train_command == command and spec.low_res_input == low_res
-
-    return fits
-
-
-def _classifier(*, noised: bool) -> Callable[[ExperimentConfig], bool]:
-    trains = _trains_with("train-classifier", low_res=False)
-    return lambda config: trains(config) and config.classifier.noised == noised
+        if (spec.train_command, spec.low_res_input) != (self.command, self.low_res):
+            return False
+        return self.noised is None or config.classifier.noised == self.noised
 
 
 ROLES = {
-    "base": Role(
-        what="a diffusion model", fits=_trains_with("train", low_res=False), example="demo"
-    ),
+    "base": Role(what="a diffusion model", command="train", example="demo"),
     "classifier": Role(
         what="a noisy classifier (classifier.noised=true)",
-        fits=_classifier(noised=True),
+        command="train-classifier",
+        noised=True,
         example="classifier_demo",
     ),
     "upsampler": Role(
         what="an upsampler (train.task=super_res)",
-        fits=_trains_with("train", low_res=True),
+        command="train",
+        low_res=True,
         example="upsampler_demo",
     ),
     "evaluator": Role(
         what="a clean classifier (classifier.noised=false)",
-        fits=_classifier(noised=False),
+        command="train-classifier",
+        noised=False,
         example="evaluator_demo",
     ),
 }
@@ -181,17 +163,13 @@ def _refused(stage: str, key: str, value: Any, reason: str) -> UserInputError:
     return UserInputError(f"stage {stage}: {key}={value!r} is invalid: {reason}")
 
 
-def family_path(path_or_name: str) -> Path:
-    """A family file's path, or a shipped one's by name (``family_demo``)."""
-    return shipped_file(path_or_name, prefix=FAMILY_PREFIX, kind="family")
-
-
 def load_family(
     path_or_name: str, *, overrides: list[str] | None = None, max_steps: int | None = None
 ) -> Family:
     """Read and check a family file, with ``--set STAGE.FIELD=VALUE`` ``overrides`` and
     ``--max-steps`` (a cap on every training stage's ``train.max_steps``)."""
-    file = family_path(path_or_name)
+    # A family file's path, or a shipped one's name (family_demo).
+    file = shipped_file(path_or_name, prefix=FAMILY_PREFIX, kind="family")
     data = read_yaml_mapping(file, what=f"family file {str(file)!r}", holds="stages")
     blocks = _with_overrides(data, overrides or [])
     datasets = _datasets(blocks.pop("datasets", None) or {})
@@ -299,13 +277,8 @@ def _training_stage(
             config.train.task,
             f"the {name} stage trains {role.what} (e.g. config: {role.example})",
         )
-    spec = task_spec(config.train.task)
     return TrainingStage(
-        name=name,
-        source=source,
-        overrides=tuple(overrides),
-        config=config,
-        command=spec.train_command,
+        name=name, source=source, overrides=tuple(overrides), config=config, command=role.command
     )
 
 
@@ -359,16 +332,21 @@ def check_family(family: Family) -> None:
     if "upsampler" in stages:
         _check_upsampler(stages["upsampler"].config, base)
     _check_weights(family)
-    evaluator = stages["evaluator"].config.model
-    final = stages.get("upsampler", stages["base"]).config.model
-    for key in ("image_size", "in_channels"):
-        if getattr(evaluator, key) != getattr(final, key):
-            raise _refused(
-                "evaluator",
-                f"model.{key}",
-                getattr(evaluator, key),
-                f"it judges the family's final images, whose {key} is {getattr(final, key)}",
-            )
+    final = stages.get("upsampler", stages["base"]).config
+    reason = "it judges the family's final images, whose {field} is {value}"
+    keys = ("model.image_size", "model.in_channels")
+    _must_agree("evaluator", keys, stages["evaluator"].config, final, reason)
+
+
+def _must_agree(
+    stage: str, keys: Iterable[str], config: ExperimentConfig, other: ExperimentConfig, reason: str
+) -> None:
+    """Refuse ``stage`` unless each of its ``keys`` (``section.field``) is ``other``'s; ``reason``
+    (formatted with the ``field`` and ``other``'s ``value``) says why it must be."""
+    for key in keys:
+        own, value = attrgetter(key)(config), attrgetter(key)(other)
+        if own != value:
+            raise _refused(stage, key, own, reason.format(field=key.partition(".")[2], value=value))
 
 
 def _check_data(stage: TrainingStage, family: Family) -> None:
@@ -389,25 +367,11 @@ def _check_guide(classifier: ExperimentConfig, base: ExperimentConfig) -> None:
     """guided-diffusion's classifier guidance: the classifier sees the base model's x_t at the
     base model's timesteps, so images, diffusion steps (and a class-conditional base's
     classes) must agree."""
-    pairs = [
-        ("model.image_size", classifier.model.image_size, base.model.image_size),
-        ("model.in_channels", classifier.model.in_channels, base.model.in_channels),
-        (
-            "diffusion.diffusion_steps",
-            classifier.diffusion.diffusion_steps,
-            base.diffusion.diffusion_steps,
-        ),
-        (
-            "diffusion.noise_schedule",
-            classifier.diffusion.noise_schedule,
-            base.diffusion.noise_schedule,
-        ),
-    ]
-    if base.model.class_cond:
-        pairs.append(("model.num_classes", classifier.model.num_classes, base.model.num_classes))
-    for key, own, bases in pairs:
-        if own != bases:
-            raise _refused("classifier", key, own, f"it guides the base model, whose is {bases!r}")
+    keys = ["model.image_size", "model.in_channels", "diffusion.diffusion_steps"]
+    keys += ["diffusion.noise_schedule", *(["model.num_classes"] if base.model.class_cond else [])]
+    _must_agree(
+        "classifier", keys, classifier, base, "it guides the base model, whose is {value!r}"
+    )
 
 
 def _check_upsampler(upsampler: ExperimentConfig, base: ExperimentConfig) -> None:
@@ -419,13 +383,8 @@ def _check_upsampler(upsampler: ExperimentConfig, base: ExperimentConfig) -> Non
             upsampler.super_res.small_size,
             f"it upsamples the base model's samples, which are {size}x{size}",
         )
-    if upsampler.model.in_channels != base.model.in_channels:
-        raise _refused(
-            "upsampler",
-            "model.in_channels",
-            upsampler.model.in_channels,
-            f"the base model's images have {base.model.in_channels}",
-        )
+    reason = "the base model's images have {value}"
+    _must_agree("upsampler", ["model.in_channels"], upsampler, base, reason)
     if upsampler.model.class_cond and not base.model.class_cond:
         raise _refused(
             "upsampler",

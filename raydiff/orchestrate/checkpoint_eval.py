@@ -1,11 +1,7 @@
 """Evaluate each new checkpoint while the run trains, on a Ray actor beside the workers
-(docs/evaluation.md).
-
-Ray Train's controller calls :class:`CheckpointEvaluationCallback` after every report; it queues a
-reported checkpoint on the run's :class:`CheckpointEvaluator` and returns at once, so training
-never waits. When ``fit()`` returns, the driver waits for the last checkpoint's evaluation (on a
-local instance, Ray goes down with the driver). A failed evaluation is logged and recorded; it
-never fails the run.
+(docs/evaluation.md): Ray Train's controller queues each reported checkpoint on the run's
+:class:`CheckpointEvaluator` and returns at once, so training never waits. The driver waits for
+the last one's evaluation when ``fit()`` returns (on a local instance Ray goes down with it).
 """
 
 from __future__ import annotations

@@ -37,10 +37,9 @@ class StopSignal:
 
 @contextlib.contextmanager
 def sigterm_as_ctrl_c() -> Iterator[StopSignal]:
-    """While the block runs, SIGTERM to this process raises SIGINT (Ctrl-C) instead, so the
-    SIGINT handler of Ray Train or Ray Tune, installed inside ``fit()``, stops the work; the
-    yielded :class:`StopSignal` records a SIGTERM, for the driver to say which signal stopped
-    it. Off the main thread (a sweep trial's driver) signals are left alone.
+    """While the block runs, SIGTERM to this process raises SIGINT (Ctrl-C) instead (why: the
+    module docstring); the yielded :class:`StopSignal` records a SIGTERM, for the driver to say
+    which signal stopped it. Off the main thread (a sweep trial's driver) signals are left alone.
 
     Afterwards both handlers are put back: SIGTERM's previous Python handler, or the default
     where the previous one was Ray's C++ handler (``signal.getsignal`` gives None for it), and

@@ -1,11 +1,7 @@
 """``raydiff ema --evaluate`` on Ray: reconstruct EMA lengths, then evaluate every one of them
-and the checkpoint's fixed-rate EMAs, and rank them (what is measured for which task, and what
-is written where: docs/posthoc_ema.md).
-
-What is measured comes from the run's task (:attr:`raydiff.train.task.TaskSpec.posthoc_sweep`):
-a diffusion model's samples (FD, precision, recall; the same seed for every weights, so the
-lengths differ only in their weights) and val bits/dim, or a classifier's own validation. Every
-check runs before anything is reconstructed or written.
+and the checkpoint's fixed-rate EMAs, and rank them; what is measured follows the run's task
+(:attr:`raydiff.train.task.TaskSpec.posthoc_sweep`; for which task what, and what is written
+where: docs/posthoc_ema.md). Every check runs before anything is reconstructed or written.
 """
 
 from __future__ import annotations
@@ -99,8 +95,7 @@ def plan_sweep(options: EmaOptions) -> SweepPlan:
     evaluator (and that it takes the model's images), ``--num-samples``, the val split, and a new
     or empty output folder."""
     run = as_location(options.run)
-    checkpoint = checkpoint_folder(run, options.step)
-    step = int(checkpoint.name.removeprefix("checkpoint_"))
+    checkpoint, step = checkpoint_folder(run, options.step)
     config = saved_config(checkpoint)
     spec = task_spec(config.train.task)
     from raydiff.data.manifest import load_manifest
@@ -114,12 +109,7 @@ def plan_sweep(options: EmaOptions) -> SweepPlan:
     if spec.posthoc_sweep == "samples":
         ranking = _check_sampling(options, config)
     else:
-        flags = (
-            ("--features", options.features),
-            ("--inception", options.inception),
-            ("--num-samples", options.num_samples),
-        )
-        if given := [name for name, value in flags if value]:
+        if given := options.given("features", "inception", "num_samples"):
             raise UserInputError(
                 f"{' / '.join(given)}: the run is train.task={config.train.task}, whose sweep "
                 "measures no samples (see docs/posthoc_ema.md): leave them out"
@@ -277,7 +267,6 @@ class WeightsValidator:
 
         torch.set_num_threads(1)
         self.checkpoint = checkpoint
-        self.config = config
         self.spec = task_spec(config.train.task)
         # A task whose validation reads no runtime (a classifier's): the loop's hooks are unused.
         self.task = self.spec.build(config, runtime=None)  # type: ignore[arg-type]

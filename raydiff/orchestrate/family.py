@@ -1,19 +1,10 @@
 """``raydiff family``: guided-diffusion's family of models trained together on one Ray cluster,
-then its guided cascade sampled and judged.
+then its guided cascade sampled and judged (what runs, resuming and failures: docs/family.md).
 
 Each stage is the single command a user would run (``raydiff train``, ``train-classifier``,
 ``sample``), started as its own process that joins the family's cluster (``--address``), with its
-output under ``DIR/<stage>/`` and its console in ``DIR/logs/<stage>.log``. Stages whose inputs are
-ready run at the same time, as separate Ray Train runs sharing the cluster; Ray schedules their
-workers as resources free up. The four trainings need nothing but their data; ``sample`` waits for
-the base model, the classifier and the upsampler; ``evaluate`` (in this process) for the samples
-and the evaluator.
-
-Running the command again continues: a training stage whose run reached its ``max_steps`` is
-skipped, an interrupted one continues from its newest checkpoint (its command does that), and a
-sampling run whose samples are written is not drawn again. A failed stage stops only the stages
-that need it; the command then fails naming it, its last line and its log. Ctrl-C or SIGTERM is
-passed on to every running stage, which stops as its single command does.
+output under ``DIR/<stage>/`` and its console in ``DIR/logs/<stage>.log``; a stage starts once
+the stages it needs are done, so a failed one stops only those that need it.
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ from typing import IO, Literal
 from raydiff.config import ExperimentConfig
 from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError
 from raydiff.family.spec import Family, TrainingStage, load_family
-from raydiff.storage import local_path
+from raydiff.storage import StoragePath, local_path
 from raydiff.tracking import (
     finish_parent_tracking,
     keeps_runs,
@@ -88,29 +79,33 @@ class StageRun:
         return next((line for line in reversed(lines) if line and RAYLET not in line), "")
 
 
-@dataclass(frozen=True, kw_only=True)
-class FamilyLoad:
-    """How the family file is read (again, once its datasets are prepared)."""
+def run_family(
+    path: str, *, overrides: list[str], max_steps: int | None, output: str, address: str | None
+) -> Path:
+    """Check the family file ``path`` (with ``--set`` ``overrides`` and ``--max-steps``), prepare
+    its missing datasets, train, sample and judge it under ``output``; returns the report's path
+    (``DIR/report.md``)."""
+    import ray
 
-    path: str
-    overrides: list[str]
-    max_steps: int | None
-
-    def load(self) -> Family:
-        return load_family(self.path, overrides=self.overrides, max_steps=self.max_steps)
-
-
-def run_family(how: FamilyLoad, *, output: str, address: str | None) -> Path:
-    """Check the family, prepare its missing datasets, train, sample and judge it under
-    ``output``; returns the report's path (``DIR/report.md``)."""
+    from raydiff.data.prepare import prepare_dataset
     from raydiff.evaluate.family_report import write_family_report
     from raydiff.orchestrate.ray_session import ensure_ray
 
-    out = _output_folder(output)
-    family = how.load()  # every check that needs no data, before anything is written
+    folder = local_path(output)
+    if folder is None:
+        raise UserInputError(
+            f"--output {output}: a family's folder is local (its stages' logs and report are "
+            "written there); its stages may still train on a cluster"
+        )
+    out = folder.resolve()
+    # Every check that needs no data, before anything is written.
+    family = load_family(path, overrides=overrides, max_steps=max_steps)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    _prepare_datasets(family)
-    family = how.load()  # the checks that need the data (classes, channels)
+    for name in family.waiting_for_data:
+        logger.info("preparing the dataset %s (once)", name)
+        print(prepare_dataset(family.datasets[name]).format())
+    # Again, once its datasets are prepared: the checks that need the data (classes, channels).
+    family = load_family(path, overrides=overrides, max_steps=max_steps)
     # A local instance holds every training's workers at once (ensure_ray adds Ray Data's).
     cpus = sum(
         s.config.scaling.worker_sizes[0] * s.config.scaling.cpus_per_worker
@@ -118,7 +113,9 @@ def run_family(how: FamilyLoad, *, output: str, address: str | None) -> Path:
     )
     ensure_ray(address=address, num_workers=math.ceil(cpus), cpus_per_worker=1.0)
     tracked = start_family_tracking(family, out=out)
-    stages = _stage_runs(family, out=out, address=_address_for_stages(address))
+    # The stages' processes join the address given, else the local instance started here.
+    address = address or ray.get_runtime_context().gcs_address
+    stages = _stage_runs(family, out=out, address=address)
     run_stages(stages, out=out)
     done = {s.name for s in stages if s.state == "done"}
     if {"sample", "evaluator"} <= done:
@@ -145,41 +142,13 @@ def start_family_tracking(family: Family, *, out: Path) -> ExperimentConfig | No
     return config
 
 
-def _output_folder(output: str) -> Path:
-    folder = local_path(output)
-    if folder is None:
-        raise UserInputError(
-            f"--output {output}: a family's folder is local (its stages' logs and report are "
-            "written there); its stages may still train on a cluster"
-        )
-    return folder.resolve()
-
-
-def _prepare_datasets(family: Family) -> None:
-    from raydiff.data.prepare import prepare_dataset
-
-    for name in family.waiting_for_data:
-        logger.info("preparing the dataset %s (once)", name)
-        print(prepare_dataset(family.datasets[name]).format())
-
-
-def _address_for_stages(address: str | None) -> str:
-    """The address the stages' processes join: the one given, else the local instance this
-    process started (its GCS address)."""
-    import ray
-
-    if address:
-        return address
-    return ray.get_runtime_context().gcs_address
-
-
 def _stage_runs(family: Family, *, out: Path, address: str) -> list[StageRun]:
     """Every stage of ``family``: its trainings, then ``sample``."""
     runs = [
         StageRun(
             name=stage.name,
             needs=(),
-            commands=_training_commands(stage, out=out, address=address),
+            commands=lambda stage=stage: _training_commands(stage, out=out, address=address),
             log=out / "logs" / f"{stage.name}.log",
         )
         for stage in family.stages.values()
@@ -196,22 +165,17 @@ def _stage_runs(family: Family, *, out: Path, address: str) -> list[StageRun]:
     return runs
 
 
-def _training_commands(
-    stage: TrainingStage, *, out: Path, address: str
-) -> Callable[[], list[list[str]]]:
-    def commands() -> list[list[str]]:
-        run = out / stage.name
-        if _finished(run, max_steps=stage.config.train.max_steps):
-            return []
-        return [stage.argv(output=str(run), address=address)]
-
-    return commands
+def _training_commands(stage: TrainingStage, *, out: Path, address: str) -> list[list[str]]:
+    """The stage's training command, unless its run has a checkpoint at ``max_steps`` (or
+    later)."""
+    checkpoint = latest_checkpoint(out / stage.name)
+    if checkpoint is not None and _step(checkpoint) >= stage.config.train.max_steps:
+        return []
+    return [stage.argv(output=str(out / stage.name), address=address)]
 
 
-def _finished(run: Path, *, max_steps: int) -> bool:
-    """Whether the run under ``run`` has a checkpoint at ``max_steps`` (or later)."""
-    checkpoint = latest_checkpoint(run)
-    return checkpoint is not None and int(checkpoint.name.split("_")[-1]) >= max_steps
+def _step(checkpoint: Path | StoragePath) -> int:
+    return int(checkpoint.name.split("_")[-1])
 
 
 def final_checkpoint(out: Path, stage: str) -> str:
@@ -227,6 +191,10 @@ def sample_commands(family: Family, *, out: Path, address: str) -> list[list[str
     the guided cascade (``DIR/sample/guided``) and, with a classifier, the unguided one
     (``DIR/sample/unguided``); each writes its base samples and its upsampled ones."""
     options = family.sample
+
+    def weights(flag: str, name: str | None) -> list[str]:
+        return [flag, name] if name else []
+
     common = [
         "sample",
         "--checkpoint",
@@ -237,7 +205,7 @@ def sample_commands(family: Family, *, out: Path, address: str) -> list[list[str
         *("--batch-size", str(options.batch_size)),
         *("--num-workers", str(options.num_workers)),
         *("--seed", str(options.seed)),
-        *(("--weights", options.weights) if options.weights else ()),
+        *weights("--weights", options.weights),
         *("--address", address),
     ]
     if "upsampler" in family.stages:
@@ -245,22 +213,14 @@ def sample_commands(family: Family, *, out: Path, address: str) -> list[list[str
             *("--upsampler", final_checkpoint(out, "upsampler")),
             *("--upsampler-respacing", options.upsampler_respacing),
             *(("--upsampler-use-ddim",) if options.upsampler_use_ddim else ()),
-            *(
-                ("--upsampler-weights", options.upsampler_weights)
-                if options.upsampler_weights
-                else ()
-            ),
+            *weights("--upsampler-weights", options.upsampler_weights),
         ]
     runs = {"unguided": common}
     if "classifier" in family.stages:
         guidance = [
             *("--classifier", final_checkpoint(out, "classifier")),
             *("--classifier-scale", str(options.classifier_scale)),
-            *(
-                ("--classifier-weights", options.classifier_weights)
-                if options.classifier_weights
-                else ()
-            ),
+            *weights("--classifier-weights", options.classifier_weights),
         ]
         runs = {"guided": [*common, *guidance], **runs}
     sampling = [
@@ -290,10 +250,10 @@ def posthoc_ema_commands(family: Family, *, out: Path) -> list[list[str]]:
             continue
         checkpoint = Path(final_checkpoint(out, stage))
         if not (checkpoint / f"{weights}.pt").is_file():
-            step = checkpoint.name.split("_")[-1]
             length = weights.removeprefix(POSTHOC_PREFIX)
+            step = str(_step(checkpoint))
             commands.append(
-                ["ema", "--run", str(out / stage), "--sigma-rel", length, "--step", str(int(step))]
+                ["ema", "--run", str(out / stage), "--sigma-rel", length, "--step", step]
             )
     return commands
 
@@ -335,7 +295,10 @@ def run_stages(stages: list[StageRun], *, out: Path, launch: Launch = launch_com
                     _advance(stage, stages, launch=launch)
                 if time.monotonic() - last_progress > PROGRESS_SECONDS:
                     last_progress = time.monotonic()
-                    _print_progress(stages)
+                    for stage in stages:  # each running stage's last log line
+                        if stage.state == "running":
+                            line = LOG_PREFIX.sub("", stage.last_line())[:160]
+                            logger.info("%s: %s", stage.name, line)
                 time.sleep(POLL_SECONDS)
     except KeyboardInterrupt as error:
         running = _stop_all(stages, sigterm=stopped.sigterm)
@@ -395,12 +358,6 @@ def _finish(stage: StageRun, state: State, note: str) -> None:
         stage.log_file = None
     shown = logger.error if state == "failed" else logger.info
     shown("%s: %s", stage.name, note)
-
-
-def _print_progress(stages: list[StageRun]) -> None:
-    for stage in stages:
-        if stage.state == "running":
-            logger.info("%s: %s", stage.name, LOG_PREFIX.sub("", stage.last_line())[:160])
 
 
 def _stop_all(stages: list[StageRun], *, sigterm: bool) -> list[str]:

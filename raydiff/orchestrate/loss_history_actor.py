@@ -16,25 +16,17 @@ Protocol (off the step's critical path: a round trip from a Train worker to an a
   step): a restart before the first checkpoint must not keep the failed attempt's losses; one
   that resumes loads the checkpointed history into the actor.
 
-Actor failures are Ray's own actor restarts (``max_restarts``, ``max_task_retries``), not code
-of ours. Ray re-runs ``LossHistoryActor.__init__`` with its original arguments in a new process,
-and ``__init__`` loads the history of the run's newest complete checkpoint in ``run_dir`` (else
-of ``resume_checkpoint``, the checkpoint a ``--resume`` run started from; else it starts empty).
-Every handle stays valid: no rank has to notice the restart or look the actor up again. What a
-restart means for the calls:
-
-- calls submitted while the actor is down or restarting, and calls that were running when it
-  died, are retried on the restarted actor (``max_task_retries=-1``); ``ray.get`` on them (rank
-  0's weights pull, ``wait_for_records``, ``state_dict``) blocks until the actor is back (a few
-  seconds: a new process imports torch and reads ``trainer.pt``);
-- fire-and-forget ``record`` calls are therefore not dropped: those not yet processed when the
-  actor died reach the new one (possibly in another order; the history is a per-t FIFO, so only
-  which of a t's losses are the newest 10 can differ). Losses the dead actor had already
-  recorded after the last checkpoint are lost: the history restarts from that checkpoint;
-- after ``MAX_RESTARTS`` deaths (a crash loop) the actor stays dead and the next ``ray.get``
-  raises ``ActorDiedError``; so does an ``__init__`` that raises (an unreadable checkpoint). The
-  worker then fails, and Ray Train's FailureConfig restarts the worker group, whose
-  ``get_or_create_actor`` creates a new actor under the freed name.
+Actor failures are Ray's own actor restarts (``max_restarts``, ``max_task_retries=-1``), not code
+of ours (what a user sees: docs/training.md, "Failures and resuming"). Ray re-runs ``__init__``
+with its original arguments, which loads the history of the run's newest complete checkpoint in
+``run_dir`` (else of ``resume_checkpoint``, where a ``--resume`` run started; else none), and
+every handle stays valid. Calls made while the actor is down, or running when it died, are
+retried on the new process (``ray.get`` waits meanwhile); fire-and-forget ``record`` calls too,
+possibly in another order (the history is a per-t FIFO, so only which of a t's losses are the
+newest 10 can differ). Losses recorded after the last checkpoint are lost. After
+``MAX_RESTARTS`` deaths (a crash loop), or an ``__init__`` that raises, the next ``ray.get``
+raises ``ActorDiedError``; the worker fails, and the worker group Ray Train restarts creates a
+new actor under the freed name.
 """
 
 from __future__ import annotations
@@ -78,9 +70,8 @@ class LossHistoryActor:
         run_dir: StoragePath | None = None,
         resume_checkpoint: StoragePath | None = None,
     ) -> None:
-        # Also what Ray re-runs, with these same arguments, when it restarts the actor: the
-        # history of the newest complete checkpoint in run_dir, else of resume_checkpoint, else
-        # none (also when the checkpoint's sampler kept none: a uniform-sampler run).
+        # Also what a restart re-runs (the module docstring); a uniform-sampler run's
+        # checkpoint keeps no history.
         source = latest_checkpoint(run_dir) if run_dir else None
         if source is None and resume_checkpoint:
             source = as_location(resume_checkpoint)
@@ -166,10 +157,8 @@ def get_or_create_actor(
 ) -> ray.actor.ActorHandle:
     """The named actor of the run in ``run_dir``, created if it does not exist (one per run).
 
-    A restarted actor loads its history from ``run_dir``'s checkpoints, or from
-    ``resume_checkpoint``, the checkpoint a ``--resume`` run started from, while ``run_dir`` has
-    none. It only takes effect when this call creates the actor (an existing one keeps the
-    checkpoint it was created with), so the driver and the workers must pass the same one.
+    ``resume_checkpoint`` (where a restart reloads from while ``run_dir`` has no checkpoint) only
+    takes effect when this call creates the actor, so the driver and the workers pass the same.
     """
     return LossHistoryActor.options(
         name=actor_name(run_dir),

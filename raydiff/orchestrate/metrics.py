@@ -6,11 +6,9 @@ Rank 0's ``RayRuntime.report`` hands every report of the loop (``raydiff.train.l
 run's name (``run``); Ray's metrics agent exports them with Ray's ``ray_`` prefix in front. Every
 figure is a gauge, the counts included: ``step`` and ``skipped_steps`` are the run's totals,
 restored from its checkpoint when it resumes, while a Ray counter is per worker process and would
-start again from zero in a restarted worker group.
-
-The run's failures and preemptions are counted where Ray Train sees them, in its controller:
-:class:`RunEventMetrics`, a ``ray.train.UserCallback`` that lives there for the whole ``fit()``,
-across every restart. raydiff's Grafana dashboard (``raydiff/dashboards/``) charts every gauge.
+start again from zero in a restarted worker group. The run's failures and preemptions are
+counted in Ray Train's controller (:class:`RunEventMetrics`). raydiff's Grafana dashboard
+(``raydiff/dashboards/``) charts every gauge.
 """
 
 from __future__ import annotations
@@ -89,11 +87,10 @@ class TrainingMetrics:
     def __init__(self, run_name: str, *, task: TaskSpec, world_size: int) -> None:
         self.run_name = run_name
         tags = {RUN_TAG: run_name}
-        self._gauges: dict[str, Gauge] = {}
-        for key, metric in gauges(task).items():
-            self._gauges[key] = _gauge(metric.gauge, metric.description, tags)
-        for name, description in SAMPLER.items():
-            self._gauges[name] = _gauge(name, description, tags)
+        self._gauges = {
+            key: _gauge(m.gauge, m.description, tags) for key, m in gauges(task).items()
+        }
+        self._gauges |= {name: _gauge(name, text, tags) for name, text in SAMPLER.items()}
         _gauge(*WORKERS, tags).set(float(world_size))
 
     def publish(self, report: Mapping[str, Any], *, sampler: ScheduleSampler | None = None) -> None:

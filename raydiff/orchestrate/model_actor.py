@@ -44,7 +44,6 @@ class ModelActor:
         diffusion_config: DiffusionConfig,
         weights: dict[str, Any],
         *,
-        threads: int = 1,
         guidance: Guidance | None = None,
     ) -> None:
         import torch
@@ -52,7 +51,7 @@ class ModelActor:
         from raydiff.factory import create_gaussian_diffusion
         from raydiff.train.tasks import task_spec
 
-        torch.set_num_threads(threads)
+        torch.set_num_threads(1)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         spec = task_spec(config.train.task)
         model = spec.network(config)
@@ -63,11 +62,8 @@ class ModelActor:
         self.compiled_model: torch.nn.Module | None = None  # built by the first compiled batch
         self.low_res_size = config.super_res.small_size if spec.low_res_input else None
         self.diffusion = create_gaussian_diffusion(diffusion_config)
-        self.image_shape = (
-            config.model.in_channels,
-            config.model.image_size,
-            config.model.image_size,
-        )
+        size = config.model.image_size
+        self.image_shape = (config.model.in_channels, size, size)
         self.cond_fn = guidance.cond_fn(self.device) if guidance is not None else None
 
     def sample(
@@ -195,9 +191,7 @@ class ModelActor:
             images=torch.tensor(images[indices.start : indices.stop]),
             indices=indices,
             seed=seed,
-            labels=torch.tensor(labels[indices.start : indices.stop])
-            if labels is not None
-            else None,
+            labels=None if labels is None else torch.tensor(labels[indices.start : indices.stop]),
             clip_denoised=clip_denoised,
             low_res_size=self.low_res_size,
         )
@@ -222,7 +216,7 @@ def model_actors(
     resources = {"num_gpus": 1} if use_gpu else {"num_cpus": 1}
     actors = [
         ModelActor.options(**resources).remote(
-            config, diffusion_config, weights_ref, threads=1, guidance=guidance_ref
+            config, diffusion_config, weights_ref, guidance=guidance_ref
         )
         for _ in range(num_workers)
     ]

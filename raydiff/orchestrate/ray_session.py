@@ -74,9 +74,9 @@ def ensure_ray(
 
 
 def report_capacity(*, min_workers: int, cpus_per_worker: float, use_gpu: bool) -> bool:
-    """Say so, at start, when the cluster cannot hold ``min_workers`` training workers now:
-    Ray Train then waits for nodes to join, logging nothing
-    for a while, and a user would see a silent run. Returns whether they fit."""
+    """Say so, at start, when the cluster cannot hold ``min_workers`` training workers now: Ray
+    Train then waits for nodes to join, logging nothing, and a user would see a silent run.
+    Returns whether they fit."""
     import ray
 
     total = ray.cluster_resources()

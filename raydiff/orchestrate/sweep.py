@@ -1,12 +1,9 @@
 """The Tune driver: one Ray Train run (``run_training_job``) per trial, early stopping by ASHA.
 
-``run_sweep(loaded, output_dir=...)`` runs a checked sweep (:func:`raydiff.sweep.spec.
-load_sweep`) under ``tune.Tuner`` in Train V2 style: the trainable is a small function that
-builds the trial's config and calls :func:`raydiff.orchestrate.training_job.run_training_job`, whose
-workers' reports reach Tune through :class:`EvaluationRelay`. ``resume_sweep(output_dir)``
-continues an interrupted one with ``Tuner.restore``; finished and failed trials are not re-run,
-and an interrupted trial continues its own run from its newest checkpoint. The sweep folder's
-layout: docs/sweeps.md.
+``start_sweep`` runs a checked sweep (:func:`raydiff.sweep.spec.load_sweep`) under
+``tune.Tuner``, the workers' reports reaching Tune through :class:`EvaluationRelay`;
+``resume_sweep`` continues an interrupted one with ``Tuner.restore`` (which trials run again,
+and the sweep folder's layout: docs/sweeps.md).
 """
 
 from __future__ import annotations
@@ -15,10 +12,10 @@ import dataclasses
 import functools
 import json
 import logging
-import math
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +34,7 @@ from raydiff.orchestrate.training_job import (
     run_training_job,
     with_absolute_data_dir,
 )
+from raydiff.results_table import cell, finite
 from raydiff.storage import (
     StoragePath,
     names_a_bucket,
@@ -108,16 +106,9 @@ class TrialLifecycle(tune.Callback):
     def on_trial_result(
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
     ) -> None:
-        value = result.get(self._metric)
-        shown = f"{value:.4g}" if isinstance(value, float) else value
-        logger.info(
-            "trial %s  step %s/%d  %s %s",
-            self._name(trial),
-            result.get("step"),
-            self._max_steps,
-            self._metric,
-            shown,
-        )
+        step, value = result.get("step"), cell(result.get(self._metric))
+        name = self._name(trial)
+        logger.info("trial %s  step %s/%d  %s %s", name, step, self._max_steps, self._metric, value)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         step = (trial.last_result or {}).get("step")
@@ -137,7 +128,7 @@ class TrialLifecycle(tune.Callback):
 
 @dataclass(kw_only=True)
 class SweepOutcome:
-    """What ``run_sweep`` produced."""
+    """What :func:`start_sweep` or :func:`resume_sweep` produced."""
 
     rows: list[TrialRow]
     table: str
@@ -208,34 +199,30 @@ def _default_concurrency(loaded: LoadedSweep) -> int:
     if scaling.use_gpu:
         gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
         return max(1, int(gpus // scaling.max_workers))
-    per_trial = scaling.max_workers * scaling.cpus_per_worker
-    if ray.is_initialized():
-        cpus = ray.cluster_resources().get("CPU", 1) - 2
-    else:
-        cpus = os.cpu_count() or 1
-    return max(1, int(cpus // per_trial))
+    cpus = (
+        ray.cluster_resources().get("CPU", 1) - 2 if ray.is_initialized() else os.cpu_count() or 1
+    )
+    return max(1, int(cpus // (scaling.max_workers * scaling.cpus_per_worker)))
 
 
-class TrialDirName:
+def trial_dir_namer(out: StoragePath, dims: tuple[SearchDimension, ...]) -> Callable[[Any], str]:
     """A trial's name and folder name: its number and its values.
 
     Tune's trial ids are random with a search algorithm like Optuna, so the number (0, 1, 2,
     ... in the order Tune creates the trials, the same after a resume; in the folder name, and
     what the trial's seed derives from) is kept in ``trial_numbers.json`` in the sweep folder.
-    Tune calls this in the driver, one trial at a time.
+    Tune calls the namer in the driver, one trial at a time.
     """
+    file = out / "trial_numbers.json"
 
-    def __init__(self, out: StoragePath, dims: tuple[SearchDimension, ...]) -> None:
-        self._file = out / "trial_numbers.json"
-        self._dims = dims
-
-    def __call__(self, trial: Any) -> str:
-        numbers = json.loads(self._file.read_text()) if self._file.is_file() else {}
+    def name(trial: Any) -> str:
+        numbers = json.loads(file.read_text()) if file.is_file() else {}
         if trial.trial_id not in numbers:
             numbers[trial.trial_id] = max(numbers.values(), default=-1) + 1
-            write_text_atomically(self._file, json.dumps(numbers, indent=1))
-        values = _display_values(self._dims, trial.config)
-        return trial_run_name(numbers[trial.trial_id], values)
+            write_text_atomically(file, json.dumps(numbers, indent=1))
+        return trial_run_name(numbers[trial.trial_id], _display_values(dims, trial.config))
+
+    return name
 
 
 def _tuner(
@@ -280,7 +267,7 @@ def _tuner(
             resume_errored=False,
             restart_errored=False,
         )
-    name = TrialDirName(out, loaded.dimensions)
+    name = trial_dir_namer(out, loaded.dimensions)
     return tune.Tuner(
         trainable,
         param_space=_param_space(loaded.dimensions),
@@ -363,7 +350,6 @@ def start_sweep(
     loaded: LoadedSweep,
     *,
     output_dir: str | Path,
-    manifest: Manifest | None = None,
     address: str | None = None,
 ) -> SweepOutcome:
     """Run a new sweep into ``output_dir``; refuses a folder that already holds anything."""
@@ -386,7 +372,7 @@ def start_sweep(
     (out / BASE_CONFIG_FILE).write_text(to_yaml(loaded.raw_base_config))
     saved = {**loaded.source, "base": BASE_CONFIG_FILE, "set": loaded.all_overrides()}
     (out / SWEEP_FILE).write_text(yaml.safe_dump(saved, sort_keys=False))
-    return _run(loaded, out=out, manifest=manifest, address=address, restore=False)
+    return _run(loaded, out=out, address=address, restore=False)
 
 
 def resume_sweep(output_dir: str | Path, *, address: str | None = None) -> SweepOutcome:
@@ -405,20 +391,19 @@ def resume_sweep(output_dir: str | Path, *, address: str | None = None) -> Sweep
     restore = tune.Tuner.can_restore(tune_path(out), storage_filesystem=ray_storage(out)[1])
     if not restore:
         logger.warning("no Tune state in %s yet: starting its trials afresh", out / TUNE_DIR)
-    return _run(loaded, out=out, manifest=None, address=address, restore=restore)
+    return _run(loaded, out=out, address=address, restore=restore)
 
 
 def _run(
     loaded: LoadedSweep,
     *,
     out: StoragePath,
-    manifest: Manifest | None,
     address: str | None,
     restore: bool,
 ) -> SweepOutcome:
     # Trials run in other working directories; the caller's sweep and config stay as they were.
     loaded = dataclasses.replace(loaded, base_config=with_absolute_data_dir(loaded.base_config))
-    manifest = manifest or load_manifest(loaded.base_config.data.data_dir)
+    manifest = load_manifest(loaded.base_config.data.data_dir)
     loaded.base_config.tracking.check_installed()  # before Ray and Tune start
     scaling = loaded.base_config.scaling
     concurrency = loaded.sweep.max_concurrent_trials or _default_concurrency(loaded)
@@ -449,7 +434,6 @@ def _run(
     analysis = tune.ExperimentAnalysis(tune_path(out), storage_filesystem=ray_storage(out)[1])
     saved = {Path(t.path).name: t.status for t in analysis.trials}
     unfinished = {name for name, status in saved.items() if status not in ("TERMINATED", "ERROR")}
-    interrupted = bool(unfinished)
     rows = [_row(loaded, out=out, result=result, unfinished=unfinished) for result in grid]
     from raydiff.orchestrate.loss_history_actor import kill_actor
 
@@ -461,11 +445,11 @@ def _run(
     outcome = SweepOutcome(
         rows=rows,
         table=table,
-        interrupted=interrupted,
+        interrupted=bool(unfinished),
         stopped_by=stopped.name,
         tensorboard_dir=out / TRIALS_DIR,
     )
-    if interrupted:
+    if outcome.interrupted:
         return outcome
     outcome.results_csv = write_csv(
         rows, out / "results.csv", metric=loaded.sweep.metric, columns=columns
@@ -486,14 +470,7 @@ def _row(loaded: LoadedSweep, *, out: StoragePath, result: Any, unfinished: set[
     metrics = dict(result.metrics or {})
     step = metrics.get("step")
     reported = {m.key for m in loaded.task.all_metrics()}  # less Tune's own bookkeeping
-    numbers = {
-        k: float(v)
-        for k, v in metrics.items()
-        if isinstance(v, int | float)
-        and not isinstance(v, bool)
-        and math.isfinite(v)
-        and k in reported
-    }
+    numbers = {k: float(v) for k, v in metrics.items() if k in reported and finite(v)}
     checkpoint = latest_checkpoint(run_dir)
     config = read_run_config(run_dir)
     seed = config.train.seed if config is not None else None

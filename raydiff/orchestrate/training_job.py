@@ -71,7 +71,6 @@ def run_training_job(
     resume: str | Path | None = None,
     manifest: Manifest | None = None,
     address: str | None = None,
-    show_data_progress: bool = False,
     callbacks: list[Any] | None = None,
     cached_splits: dict[str, Any] | None = None,
     make_task: TaskFactory | None = None,
@@ -81,13 +80,12 @@ def run_training_job(
 
     Re-running with the same ``output_dir`` continues that run from its latest checkpoint; a run
     already at ``train.max_steps`` returns at once (its step and checkpoint) without starting Ray.
-    ``manifest``: the dataset's manifest when the caller has read it already. ``address``: the
-    Ray cluster to join (:func:`ensure_ray`). ``callbacks``: Ray Train ``UserCallback``s
-    (a sweep trial relays its reports to Tune with one). ``cached_splits``: the dataset's splits
-    already decoded into the object store (``raydiff.data.pipeline.cache_splits``; a sweep
-    decodes once for all its trials). ``make_task``: the workers' task factory (pickled to
-    them; default the task ``train.task`` names, ``raydiff.train.tasks.task_of_config``).
-    ``tracking_parent``: a sweep's tracked runs (``raydiff.tracking``), this run's parents.
+    ``manifest``: the dataset's, when the caller has read it. ``address``: as :func:`ensure_ray`
+    takes it. ``callbacks``: Ray Train ``UserCallback``s (a sweep trial relays its reports to Tune
+    with one). ``cached_splits``: the splits already in the object store (``raydiff.data.pipeline.
+    cache_splits``: a sweep decodes once for all its trials). ``make_task``: the workers' task
+    factory (default: the task ``train.task`` names). ``tracking_parent``: a sweep's tracked
+    runs, this run's parents.
     """
     # Every check runs before Ray is even imported: a bad config must not start a cluster.
     config = with_absolute_data_dir(config)  # workers chdir into their run folder
@@ -120,7 +118,6 @@ def run_training_job(
             start=start,
             manifest=manifest,
             address=address,
-            show_data_progress=show_data_progress,
             callbacks=callbacks,
             cached_splits=cached_splits,
             make_task=make_task,
@@ -134,7 +131,6 @@ def _train_on_ray(
     start: StartPoint,
     manifest: Manifest,
     address: str | None,
-    show_data_progress: bool,
     callbacks: list[Any] | None,
     cached_splits: dict[str, Any] | None,
     make_task: TaskFactory | None,
@@ -152,11 +148,10 @@ def _train_on_ray(
         cpus_per_worker=config.scaling.cpus_per_worker,
         use_gpu=config.scaling.use_gpu,
     )
-    if not show_data_progress:
-        from ray.data import DataContext
+    from ray.data import DataContext
 
-        # Ray Data's per-operator bars drown the training log; the dashboard shows them.
-        DataContext.get_current().enable_progress_bars = False
+    # Ray Data's per-operator bars drown the training log; the dashboard shows them.
+    DataContext.get_current().enable_progress_bars = False
     quiet_ray_console()  # after ray.data's import: its console handler gets the noise filter
     from raydiff.orchestrate.metrics import RunEventMetrics
     from raydiff.orchestrate.repeated_failure import StopRepeatedFailure
@@ -300,11 +295,11 @@ def _torch_trainer(
             # the newest complete checkpoint in the folder (also one a --single-process run
             # wrote).
             "resume": start.checkpoint,
-            "datasets": sorted(ray_datasets),
-            "num_val_images": num_val_images,
-            "make_task": make_task,
-            "cached_train": cached_train,  # its blocks' references: each node maps them once
-            "verbose": verbose(),
+            "datasets": sorted(ray_datasets),  # the names of those passed to Train
+            "num_val_images": num_val_images,  # 0 without a val split
+            "make_task": make_task,  # None: the task train.task names
+            "cached_train": cached_train,  # None: streamed; else its blocks, each node maps them once
+            "verbose": verbose(),  # raydiff -v: Ray's console output as Ray makes it
         },
         torch_config=TorchConfig(),
         scaling_config=ray.train.ScalingConfig(

@@ -22,17 +22,8 @@ if TYPE_CHECKING:
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
-    """The function every Ray Train worker runs.
-
-    ``loop_config``: ``config`` (the ExperimentConfig itself), ``output_dir`` (which also names
-    the run's loss-history actor), ``resume`` (the checkpoint to start from when Ray Train has
-    none of its own for this run; both local paths, or ``raydiff.storage.RemotePath`` s that
-    carry their filesystem), ``datasets`` (the names of the datasets passed to Train),
-    ``num_val_images`` (the val rows the workers evaluate, 0 without a val split), ``make_task``
-    (the task factory, None for the one ``train.task`` names),
-    ``cached_train`` (the training split as a ``raydiff.data.cached_split.CachedSplit``, or None
-    when it is streamed through Train's ``datasets``) and ``verbose`` (``raydiff -v``: Ray's console output as Ray makes it).
-    """
+    """The function every Ray Train worker runs; ``loop_config``'s keys are said where the
+    driver builds it (``raydiff.orchestrate.training_job._torch_trainer``)."""
     config: ExperimentConfig = loop_config["config"]
     if "train" in loop_config["datasets"]:
         # The first request of a streaming-split dataset makes Ray Data start the split's

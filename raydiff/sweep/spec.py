@@ -1,21 +1,5 @@
-"""Sweep files: a base training config, overrides for every trial, and a search space.
-
-A sweep file (YAML)::
-
-    base: demo                  # a preset's name or a training config file
-    set:                        # overrides of the base config for every trial (as --set)
-      max_steps: 300
-      num_workers: 1            # Ray Train workers per trial
-    search_space:               # any config field, bare or section.field, as --set takes it
-      noise_schedule: {choice: [linear, cosine]}
-      lr: {loguniform: [3.0e-4, 3.0e-3]}
-    num_samples: 4              # trials (times each grid combination)
-    max_concurrent_trials: 0    # 0: as many as the CPUs (GPUs) hold
-    search: random              # random | optuna (TPE; pip install 'raydiff[optuna]')
-    metric: val_bpd             # what ASHA and "best" look at
-    mode: min
-    scheduler: {name: asha, grace_period: 100, reduction_factor: 2}
-    seed: 0                     # the search's seed; trial seeds derive from it
+"""Sweep files: a base training config, overrides for every trial, and a search space (the
+file, with an example: docs/sweeps.md; each field: :class:`SweepConfig`).
 
 Everything here is checked before any trial starts (:func:`load_sweep`), including that every
 trial the space can produce is a valid training config. No Ray here.
@@ -147,7 +131,11 @@ class SweepConfig:
             raise _fail("num_samples", self.num_samples, "must be >= 1")
         if self.max_concurrent_trials < 0:
             raise _fail("max_concurrent_trials", self.max_concurrent_trials, "must be >= 0")
-        objectives = all_objectives()
+        from raydiff.train.tasks import task_specs  # the tasks import torch: only when asked
+
+        # Every metric some task's spec lets a sweep optimise.
+        specs = task_specs().values()
+        objectives = tuple(dict.fromkeys(key for spec in specs for key in spec.objectives))
         if self.metric and self.metric not in objectives:
             raise _fail("metric", self.metric, f"valid: {', '.join(objectives)}")
         if self.seed < 0:
@@ -168,14 +156,6 @@ class SweepConfig:
     def set_items(self) -> list[str]:
         """``set`` as ``--set`` items."""
         return [f"{key}={override_text(value)}" for key, value in self.set.items()]
-
-
-def all_objectives() -> tuple[str, ...]:
-    """Every metric some task's spec lets a sweep optimise."""
-    from raydiff.train.tasks import task_specs  # the tasks import torch: only when asked
-
-    specs = task_specs().values()
-    return tuple(dict.fromkeys(key for spec in specs for key in spec.objectives))
 
 
 def with_objective(sweep: SweepConfig, task_name: str) -> SweepConfig:
@@ -322,7 +302,8 @@ def load_sweep(
     if isinstance(path_or_data, Mapping):
         data = dict(path_or_data)
     else:
-        file = _sweep_path(str(path_or_data))
+        # A sweep file's path, or a shipped one's by name (sweep_demo).
+        file = shipped_file(str(path_or_data), prefix=SWEEP_PREFIX, kind="sweep")
         base_dir = file.parent
         data = read_yaml_mapping(file, what=f"sweep file {str(file)!r}", holds="sweep settings")
     sweep = from_dict(SweepConfig, data, where="sweep")
@@ -355,11 +336,6 @@ def load_sweep(
     )
     check_trials(loaded, manifest=manifest)
     return loaded
-
-
-def _sweep_path(path_or_name: str) -> Path:
-    """A sweep file's path, or a shipped one's by name (``sweep_demo``)."""
-    return shipped_file(path_or_name, prefix=SWEEP_PREFIX, kind="sweep")
 
 
 def check_trials(loaded: LoadedSweep, *, manifest: Manifest | None = None) -> None:
