@@ -1,6 +1,5 @@
 """One real local Ray cluster for the whole integration session, a tiny prepared dataset, one
-short training run for the tests that only need *a* run (scraped by a Prometheus server started
-before it), and one MLflow tracking server.
+short training run for the tests that only need *a* run, and one MLflow tracking server.
 
 Starting Ray costs 2-3 s and a Train run 10-20 s here, so every integration test shares the
 ``ray_cluster`` fixture instead of starting its own. The cluster claims 4 logical CPUs on a
@@ -109,28 +108,12 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> TinyDataset:
 
 
 @pytest.fixture(scope="session")
-def prometheus(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
-    """A Prometheus server scraping this cluster every second (test_dashboard_prometheus.
-    start_prometheus), started before the shared run so that it holds the run's series: its URL,
-    or None where the ``prometheus`` binary is not installed (the dashboard test then skips)."""
-    from test_dashboard_prometheus import start_prometheus
-
-    with start_prometheus(tmp_path_factory.mktemp("prometheus")) as url:
-        yield url
-
-
-@pytest.fixture(scope="session")
 def two_worker_run(
-    ray_cluster: None,
-    tiny_dataset: TinyDataset,
-    prometheus: str | None,
-    tmp_path_factory: pytest.TempPathFactory,
+    ray_cluster: None, tiny_dataset: TinyDataset, tmp_path_factory: pytest.TempPathFactory
 ):
     """One short 2-worker training run (test_training.two_worker_run_in) shared by the tests that
-    check what it leaves: its files (test_training.py), its Prometheus gauges (test_metrics.py)
-    and every dashboard panel's series in a Prometheus server that scraped it
-    (test_dashboard_prometheus.py). Its folder name, the run's metrics tag, is unique to this
-    session."""
+    check what it leaves: its files (test_training.py) and its Prometheus gauges
+    (test_metrics.py). Its folder name, the run's metrics tag, is unique to this session."""
     from test_training import two_worker_run_in
 
     out = tmp_path_factory.mktemp("two_workers") / f"run-{uuid.uuid4().hex[:8]}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +68,6 @@ class TwoWorkerRun:
     result: dict
     process_titles: set[str]  # of this session's Ray processes, seen while the run ran
     metrics: dict[str, float]  # its gauges on the node's Prometheus endpoint, right after it
-    started: float  # time.time() as it started
 
 
 def two_worker_run_in(out: Path, data_dir: Path) -> TwoWorkerRun:
@@ -86,7 +84,6 @@ def two_worker_run_in(out: Path, data_dir: Path) -> TwoWorkerRun:
     # (test_two_workers_write_checkpoints_events_and_samples counts the losses).
     stale = get_or_create_actor(out.resolve(), num_timesteps=500)
     ray.get(stale.record.remote(np.arange(40), np.ones(40)))
-    started = time.time()
     with _RayProcessTitles() as titles:  # what ran, seen while it ran
         result = run(
             tiny_config(
@@ -103,11 +100,7 @@ def two_worker_run_in(out: Path, data_dir: Path) -> TwoWorkerRun:
     from test_metrics import run_metrics
 
     return TwoWorkerRun(
-        out=out,
-        result=result,
-        process_titles=titles.seen,
-        metrics=run_metrics(out.name),
-        started=started,
+        out=out, result=result, process_titles=titles.seen, metrics=run_metrics(out.name)
     )
 
 
