@@ -804,7 +804,10 @@ def test_the_node_of_the_loss_history_actor_dies(interrupted_run):
         if step >= steps_before_restart + SAVE_INTERVAL:
             assert counts[step] - counts[step - SAVE_INTERVAL] == SAVE_INTERVAL * GLOBAL_BATCH
     lost = run.max_steps * GLOBAL_BATCH - counts[run.max_steps]
-    assert 0 <= lost <= (steps_before_restart - restored_step) * GLOBAL_BATCH, (lost, counts)
+    # A rank records a step's losses before rank 0 logs that step: the dead actor may also hold
+    # some of the step after the last one logged before the restart (seen: rank 1's half of it).
+    in_flight = steps_before_restart + 1
+    assert 0 <= lost <= (in_flight - restored_step) * GLOBAL_BATCH, (lost, counts)
     pause = max(b.time - a.time for a, b in itertools.pairwise(steps) if b.time > run.injected)
     print(
         f"\nkilled node {run.actor_node.node_id[:8]} (the loss-history actor's, no worker) at "
