@@ -1,5 +1,6 @@
 """One real local Ray cluster for the whole integration session, a tiny prepared dataset, one
-short training run for the tests that only need *a* run, and one MLflow tracking server.
+short training run for the tests that only need *a* run (scraped by a Prometheus server while it
+trains), and one MLflow tracking server.
 
 Starting Ray costs 2-3 s and a Train run 10-20 s here, so every integration test shares the
 ``ray_cluster`` fixture instead of starting its own. The cluster claims 4 logical CPUs on a
@@ -112,12 +113,16 @@ def two_worker_run(
     ray_cluster: None, tiny_dataset: TinyDataset, tmp_path_factory: pytest.TempPathFactory
 ):
     """One short 2-worker training run (test_training.two_worker_run_in) shared by the tests that
-    check what it leaves: its files (test_training.py) and its Prometheus gauges
-    (test_metrics.py). Its folder name, the run's metrics tag, is unique to this session."""
+    check what it leaves: its files (test_training.py), its Prometheus gauges (test_metrics.py)
+    and every dashboard panel's series in a Prometheus server that scraped it while it ran
+    (test_dashboard_prometheus.py; the server stops once they are read). Its folder name, the
+    run's metrics tag, is unique to this session."""
+    from test_dashboard_prometheus import start_prometheus
     from test_training import two_worker_run_in
 
     out = tmp_path_factory.mktemp("two_workers") / f"run-{uuid.uuid4().hex[:8]}"
-    return two_worker_run_in(out, tiny_dataset.path)
+    with start_prometheus(tmp_path_factory.mktemp("prometheus")) as prometheus:
+        return two_worker_run_in(out, tiny_dataset.path, prometheus=prometheus)
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,13 @@ as a subprocess on a temporary storage folder and a free port, with a 1 s scrape
 the targets of the shared cluster's own service-discovery file: the
 ``prom_metrics_service_discovery.json`` that Ray's dashboard writes into the session folder and
 keeps up to date (the session folder is found through ``ray.nodes()``, whose socket paths lie in
-it). Once Prometheus scrapes this node's metrics export port, a short 2-worker run of the tiny
-model trains; then each panel's PromQL, its ``$run`` replaced by the run's name, goes to
-Prometheus' HTTP API (``/api/v1/query``) until every panel returns series of that run.
+it). It runs only while the session's shared 2-worker run (conftest.py's ``two_worker_run``)
+trains: started once it scrapes this node's metrics export port, stopped once every panel's
+PromQL, its ``$run`` replaced by the run's name, has returned that run's series from Prometheus'
+range-query API (``/api/v1/query_range``, from the run's start) up to its last step
+(:func:`dashboard_series`). A range, not an instant query: a finished run's gauges leave the
+node's endpoint (and so instant queries) some 20 s after its processes exit. A server that
+scraped the whole session would cost its CPU to every other test.
 
 Without the binary the test skips, unless under CI, where the ``prometheus`` marker makes the
 skip an error (tests/conftest.py).
@@ -15,6 +19,7 @@ skip an error (tests/conftest.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -22,13 +27,11 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_training import run, tiny_config
 
 from raydiff.dashboards import TRAINING_DASHBOARD
 
@@ -90,19 +93,17 @@ def get_json(url: str) -> dict[str, Any] | None:
         return None
 
 
-@pytest.fixture
-def prometheus(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A Prometheus server scraping the targets of Ray's service-discovery file every second;
-    yields its base URL once it scrapes this node's metrics port."""
+@contextlib.contextmanager
+def start_prometheus(folder: Path) -> Iterator[str | None]:
+    """A Prometheus server (its files in ``folder``) scraping the targets of Ray's
+    service-discovery file every second; yields its base URL once it scrapes this node's metrics
+    port, or None where the binary is not installed. Stopped on leaving the block."""
     binary = shutil.which("prometheus")
     if binary is None:
-        pytest.skip(
-            "the prometheus binary is not installed (Debian package prometheus: "
-            "apt-get install prometheus, as scripts/setup.sh does)"
-        )
-    request.getfixturevalue("ray_cluster")  # after the check: a skip starts no cluster
+        yield None
+        return
     session, target = node_export_target()
-    config = tmp_path / "prometheus.yml"
+    config = folder / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
@@ -110,13 +111,13 @@ def prometheus(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         f"    file_sd_configs: [{{files: ['{service_discovery_file(session, target)}']}}]\n"
     )
     url = f"http://127.0.0.1:{free_port()}"
-    log = tmp_path / "prometheus.log"
+    log = folder / "prometheus.log"
     with log.open("w") as out:
         server = subprocess.Popen(
             [
                 binary,
                 f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--storage.tsdb.path={folder / 'data'}",
                 f"--web.listen-address={url.removeprefix('http://')}",
             ],
             stdout=out,
@@ -143,44 +144,52 @@ def panels() -> list[dict[str, Any]]:
     return [p for p in dashboard["panels"] if p["type"] != "row"]
 
 
-def query(url: str, expr: str) -> list[dict[str, Any]]:
-    """The series of an instant query, [] while there are none."""
-    answer = get_json(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+def query(url: str, expr: str, *, start: float) -> list[dict[str, Any]]:
+    """The series of a range query from ``start`` to now, one point a second ([] while there
+    are none); each series' ``values`` are its [time, value] points."""
+    parameters = {"query": expr, "start": start, "end": time.time(), "step": 1}
+    answer = get_json(f"{url}/api/v1/query_range?{urllib.parse.urlencode(parameters)}")
     assert answer is not None and answer["status"] == "success", (expr, answer)
     return answer["data"]["result"]
 
 
-def test_every_dashboard_panel_returns_the_run_from_prometheus(
-    prometheus: str, tiny_dataset, tmp_path: Path
-):
-    out = tmp_path / f"charts-{uuid.uuid4().hex[:8]}"
-    config = tiny_config(
-        tiny_dataset.path,
-        # Validation at both reports: the values a worker sets last reach the node's endpoint
-        # only as it exits, and the panels do not rest on that.
-        **{"train.max_steps": 4, "train.eval_interval": 2, "data.val_split": "val"},
-    )
-    assert run(config, out)["step"] == 4
+def last(series: list[dict[str, Any]]) -> float:
+    """The newest value of a panel's one series."""
+    (only,) = series
+    return float(only["values"][-1][1])
+
+
+def dashboard_series(url: str, run: str, *, start: float, step: int) -> dict[str, list]:
+    """{panel title: its series} of the run named ``run``, from ``start``: polled until every
+    panel has data and the Step panel reached ``step`` (the last step's values are on the
+    node's endpoint when the run returns; Prometheus scrapes them within a second or two)."""
     targets = {p["title"]: p["targets"] for p in panels()}
     assert all(len(t) == 1 for t in targets.values()), "one query per panel"
-    exprs = {title: t[0]["expr"].replace("$run", out.name) for title, t in targets.items()}
-    # Each panel's first answer with data: a finished run's gauges leave the node's endpoint
-    # (and so Prometheus' instant queries) some 20 s after its processes exit.
+    exprs = {title: t[0]["expr"].replace("$run", run) for title, t in targets.items()}
     seen: dict[str, list[dict[str, Any]]] = {}
     deadline = time.monotonic() + WAIT_S
-    while len(seen) < len(exprs) and time.monotonic() < deadline:
-        for title in exprs.keys() - seen.keys():
-            if series := query(prometheus, exprs[title]):
-                seen[title] = series
+    while time.monotonic() < deadline:
+        seen = {
+            title: series
+            for title, expr in exprs.items()
+            if (series := query(url, expr, start=start))
+        }
+        if len(seen) == len(exprs) and last(seen["Step"]) == step:
+            break
         time.sleep(0.5)
-    empty = ", ".join(sorted(exprs.keys() - seen.keys()))
-    assert not empty, f"panels without data for run {out.name}: {empty}"
+    return {title: seen.get(title, []) for title in exprs}
+
+
+def test_every_dashboard_panel_returns_the_run_from_prometheus(two_worker_run):
+    if two_worker_run.panels is None:
+        pytest.skip(
+            "the prometheus binary is not installed (Debian package prometheus: "
+            "apt-get install prometheus, as scripts/setup.sh does)"
+        )
+    run, seen = two_worker_run.out.name, two_worker_run.panels
+    empty = ", ".join(sorted(title for title, series in seen.items() if not series))
+    assert not empty, f"panels without data for run {run}: {empty}"
     for title, series in seen.items():
-        assert {s["metric"]["run"] for s in series} == {out.name}, (title, series)
-
-    def value(title: str) -> float:
-        (series,) = seen[title]
-        return float(series["value"][1])
-
-    assert value("Step") in (2, 4)  # the first answer: step 4's values may come as rank 0 exits
-    assert (value("Workers"), value("Failures"), value("Preemptions")) == (2, 0, 0)
+        assert {s["metric"]["run"] for s in series} == {run}, (title, series)
+    assert last(seen["Step"]) == 8
+    assert (last(seen["Workers"]), last(seen["Failures"]), last(seen["Preemptions"])) == (2, 0, 0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,12 +69,15 @@ class TwoWorkerRun:
     result: dict
     process_titles: set[str]  # of this session's Ray processes, seen while the run ran
     metrics: dict[str, float]  # its gauges on the node's Prometheus endpoint, right after it
+    panels: dict[str, list] | None  # each dashboard panel's series; None without Prometheus
 
 
-def two_worker_run_in(out: Path, data_dir: Path) -> TwoWorkerRun:
+def two_worker_run_in(out: Path, data_dir: Path, *, prometheus: str | None) -> TwoWorkerRun:
     """The tiny model, 8 steps on 2 workers, validation every 4 steps and a sample grid every 3,
     the loss-aware sampler; tests/integration/conftest.py's ``two_worker_run`` runs it once for
-    this module's checks and test_metrics.py's (a run costs ~30 s here)."""
+    this module's checks, test_metrics.py's and, read from the Prometheus server at
+    ``prometheus`` (when there is one), test_dashboard_prometheus.py's (a run costs ~30 s
+    here)."""
     import numpy as np
     import ray
 
@@ -84,6 +88,7 @@ def two_worker_run_in(out: Path, data_dir: Path) -> TwoWorkerRun:
     # (test_two_workers_write_checkpoints_events_and_samples counts the losses).
     stale = get_or_create_actor(out.resolve(), num_timesteps=500)
     ray.get(stale.record.remote(np.arange(40), np.ones(40)))
+    started = time.time()
     with _RayProcessTitles() as titles:  # what ran, seen while it ran
         result = run(
             tiny_config(
@@ -97,10 +102,15 @@ def two_worker_run_in(out: Path, data_dir: Path) -> TwoWorkerRun:
             ),
             out,
         )
+    from test_dashboard_prometheus import dashboard_series
     from test_metrics import run_metrics
 
+    metrics = run_metrics(out.name)
+    panels = None
+    if prometheus is not None:
+        panels = dashboard_series(prometheus, out.name, start=started, step=8)
     return TwoWorkerRun(
-        out=out, result=result, process_titles=titles.seen, metrics=run_metrics(out.name)
+        out=out, result=result, process_titles=titles.seen, metrics=metrics, panels=panels
     )
 
 
