@@ -146,13 +146,31 @@ def test_a_trained_classifier_guides_the_same_on_one_and_two_workers(
     """``raydiff train-classifier``'s run on 2 Ray Train workers (labels through Ray Data,
     validation accuracy on the val split), then its checkpoint guides an unconditional model:
     the same images and labels on 1 and 2 sampling workers, and not those of unguided
-    sampling."""
+    sampling.
+
+    The run asks for 1000 val images, the classifier presets' figure, of a val split of 32: it
+    evaluates the 32 there are, 16 on each worker (before, the 1000 were cut into 500 per rank,
+    rank 1 got none and its empty totals broke the all-reduce at the first evaluation)."""
     from tiny_model import tiny_classifier
 
     from raydiff.config import ExperimentConfig, apply_overrides
     from raydiff.orchestrate.sampling import run_sampling
     from raydiff.orchestrate.training_job import run_training_job
     from raydiff.sample.options import SampleOptions
+
+    def counting_val_images(config: ExperimentConfig, *, runtime: object) -> object:
+        """The classifier task, reporting also how many images its metrics were computed on
+        (the totals' ``count``, summed over ranks). A local function: Ray pickles it by value
+        to the workers, which do not import the tests."""
+        from raydiff.train.tasks import task_of_config
+
+        task = task_of_config(config, runtime=runtime)
+        metrics = task.evaluation_metrics
+        task.evaluation_metrics = lambda totals: {
+            **metrics(totals),
+            "val_images": float(totals["count"]),
+        }
+        return task
 
     config = apply_overrides(
         ExperimentConfig(),
@@ -163,14 +181,16 @@ def test_a_trained_classifier_guides_the_same_on_one_and_two_workers(
             "train.max_steps=4",
             "train.log_interval=2",
             "train.save_interval=4",
-            "train.eval_num_images=16",
+            "train.eval_num_images=1000",  # more than the 32 there are
             "scaling.num_workers=2",
             "scaling.cpus_per_worker=0.5",
             f"data.data_dir={tiny_dataset.path}",
         ],
     )
-    result = run_training_job(config, output_dir=tmp_path / "classifier")
+    out = tmp_path / "classifier"
+    result = run_training_job(config, output_dir=out, make_task=counting_val_images)
     assert result["step"] == 4 and 0 <= result["val_acc@1"] <= result["val_acc@5"] <= 1
+    assert result["val_images"] == tiny_dataset.num_val
     assert {"acc@1", "acc@1_q0", "val_acc@1_t0", "val_loss"} <= set(result)
     classifier = tmp_path / "classifier" / "checkpoint_000004"
 
