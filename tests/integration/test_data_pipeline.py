@@ -178,19 +178,20 @@ def test_validation_iterates_once_in_order_unflipped(ray_cluster: None, tiny_dat
     ]
 
 
-def _run_two_workers(
-    tiny_dataset: Any, storage: Path, out: Path, *, cache_max_bytes: int = 0
-) -> dict[int, dict]:
+def _run_two_workers(tiny_dataset: Any, storage: Path, out: Path) -> dict[int, dict]:
     """A real TorchTrainer with 2 workers (batches of 16 each), handed the datasets as a training
-    run hands them out; each writes the keys it saw per epoch to ``out``."""
+    run hands them out; each reads the training split both ways, streamed (Ray Train's shard of
+    the ``train`` dataset) and cached (the ``CachedSplit`` object, which every worker gets
+    whole), and writes the keys it saw per epoch to ``out``."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
     from raydiff.orchestrate.training_job import dataset_config
 
-    config = _config(tiny_dataset, class_cond=True, cache_max_bytes=cache_max_bytes)
-    datasets = build_datasets(config)
-    cached = datasets.pop("train") if isinstance(datasets["train"], CachedSplit) else None
+    config = _config(tiny_dataset, class_cond=True, cache_max_bytes=0)
+    datasets = build_datasets(config)  # streamed: train and val are Ray Datasets
+    cached = build_datasets(_config(tiny_dataset, class_cond=True))["train"]
+    assert isinstance(cached, CachedSplit)
 
     def loop(loop_config: dict) -> None:
         import json
@@ -202,25 +203,24 @@ def _run_two_workers(
 
         data = DataConfig(**loop_config["data"])
         rank = ray.train.get_context().get_world_rank()
-        seen: dict[str, list[str]] = {}
-        split = loop_config["cached"]
-        batches = (
-            split.batches(
+        seen: dict[str, dict[str, list[str]] | list[str]] = {"cached": {}, "streamed": {}}
+        ways = {
+            "cached": loop_config["cached"].batches(
                 global_batch=32, config=data, rank=rank, world_size=2, num_epochs=2, with_keys=True
-            )
-            if split is not None
-            else iterate_batches(
+            ),
+            "streamed": iterate_batches(
                 ray.train.get_dataset_shard("train"),
                 batch_size=16,
                 config=data,
                 rank=rank,
                 num_epochs=2,
                 with_keys=True,
-            )
-        )
-        for epoch, batch in batches:
-            assert batch["y"].shape == (16,)
-            seen.setdefault(str(epoch), []).extend(batch["key"])
+            ),
+        }
+        for way, batches in ways.items():
+            for epoch, batch in batches:
+                assert batch["y"].shape == (16,)
+                seen[way].setdefault(str(epoch), []).extend(batch["key"])
         val_shard = ray.train.get_dataset_shard("val")
         seen["val"] = [
             key
@@ -234,25 +234,20 @@ def _run_two_workers(
     out.mkdir(parents=True)
     trainer = TorchTrainer(
         loop,
-        train_loop_config={
-            "data": dataclasses.asdict(config),
-            "out": str(out),
-            "cached": cached,
-        },
+        train_loop_config={"data": dataclasses.asdict(config), "out": str(out), "cached": cached},
         scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
         run_config=ray.train.RunConfig(
             name=f"split-{uuid.uuid4().hex[:8]}", storage_path=str(storage)
         ),
         datasets=datasets,
-        dataset_config=dataset_config(config, split_train=cached is None),
+        dataset_config=dataset_config(config, split_train=True),
     )
     trainer.fit()
     return {rank: json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)}
 
 
-@pytest.mark.parametrize("cache_max_bytes", [1 << 30, 0], ids=["cached", "streamed"])
 def test_two_workers_get_disjoint_shards_covering_each_epoch(
-    ray_cluster: None, tiny_dataset: Any, tmp_path: Path, cache_max_bytes: int
+    ray_cluster: None, tiny_dataset: Any, tmp_path: Path
 ) -> None:
     manifest = load_manifest(str(tiny_dataset.path))
     assert manifest.num_classes == tiny_dataset.num_classes
@@ -264,35 +259,32 @@ def test_two_workers_get_disjoint_shards_covering_each_epoch(
         }
         for split in ("train", "val")
     }
-    run = functools.partial(_run_two_workers, tiny_dataset, cache_max_bytes=cache_max_bytes)
+    run = functools.partial(_run_two_workers, tiny_dataset)
     seen = run(tmp_path / "storage", tmp_path / "run1")
-    for epoch in ("0", "1"):
-        rank0, rank1 = seen[0][epoch], seen[1][epoch]
-        assert len(rank0) == len(rank1) == len(all_keys["train"]) // 2  # equal split
-        assert not set(rank0) & set(rank1)  # disjoint
-        assert set(rank0) | set(rank1) == all_keys["train"]  # together one epoch
+    for way in ("cached", "streamed"):
+        for epoch in ("0", "1"):
+            rank0, rank1 = seen[0][way][epoch], seen[1][way][epoch]
+            assert len(rank0) == len(rank1) == len(all_keys["train"]) // 2, way  # equal split
+            assert not set(rank0) & set(rank1), way  # disjoint
+            assert set(rank0) | set(rank1) == all_keys["train"], way  # together one epoch
+        for rank in (0, 1):
+            assert seen[rank][way]["0"] != seen[rank][way]["1"], f"{way} rank {rank}: same order"
     # The val split is not split: every rank reads all of it, in the same order (each then
     # evaluates its own slice of those rows).
     assert seen[0]["val"] == seen[1]["val"] and set(seen[0]["val"]) == all_keys["val"]
     assert len(seen[0]["val"]) == len(all_keys["val"])
-    for rank in (0, 1):
-        assert seen[rank]["0"] != seen[rank]["1"], f"rank {rank}: same order in epochs 0 and 1"
 
-    if not cache_max_bytes:
-        # deterministic=True: a second run with the same seed sees exactly the same stream per
-        # rank (a cached split's order is a function of (seed, epoch), checked below).
-        assert run(tmp_path / "storage", tmp_path / "run2") == seen
-    else:
-        # Cached: each global batch is rank 0's 16 rows then rank 1's, of one order per epoch;
-        # one worker reading the same split with the global batch sees the same batches.
-        split = build_datasets(_config(tiny_dataset, class_cond=True))["train"]
-        config = _config(tiny_dataset, class_cond=True)
-        for epoch, keys in _global_keys(split, config).items():
-            halves = [seen[rank][str(epoch)] for rank in (0, 1)]
-            merged = [
-                k for i in range(0, len(halves[0]), 16) for h in halves for k in h[i : i + 16]
-            ]
-            assert merged == keys
+    # Cached: each global batch is rank 0's 16 rows then rank 1's, of one order per epoch;
+    # one worker reading the same split with the global batch sees the same batches.
+    split = build_datasets(_config(tiny_dataset, class_cond=True))["train"]
+    config = _config(tiny_dataset, class_cond=True)
+    for epoch, keys in _global_keys(split, config).items():
+        halves = [seen[rank]["cached"][str(epoch)] for rank in (0, 1)]
+        merged = [k for i in range(0, len(halves[0]), 16) for h in halves for k in h[i : i + 16]]
+        assert merged == keys
+    # Streamed, deterministic=True: a second run with the same seed sees exactly the same
+    # stream per rank.
+    assert run(tmp_path / "storage", tmp_path / "run2") == seen
 
 
 def _global_keys(split: CachedSplit, config: DataConfig) -> dict[int, list[str]]:
