@@ -74,7 +74,7 @@ def sweep(run: Path, evaluator: Path, out: Path, capsys: pytest.CaptureFixture) 
             "--num-images",
             "8",
             "--num-workers",
-            "2",
+            "1",
             "--timestep-respacing",
             "ddim5",
             "--out",
@@ -120,7 +120,7 @@ def test_a_classifier_sweep_ranks_by_its_validation_accuracy(
     run = train(tmp_path / "classifier", classifier, tiny_dataset.path).parent
     out = tmp_path / "sweep"
     argv = ["ema", "--run", str(run), "--sigma-rel", "0.06:0.10:3", "--evaluate"]
-    assert main([*argv, "--num-images", "16", "--num-workers", "2", "--out", str(out)]) == 0
+    assert main([*argv, "--num-images", "16", "--num-workers", "1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     with open(out / "sweep.csv") as f:
         rows = list(csv.DictReader(f))
@@ -156,7 +156,7 @@ def test_an_upsampler_sweep_upsamples_the_val_images(
     out = tmp_path / "sweep"
     argv = ["ema", "--run", str(run), "--sigma-rel", "0.06,0.09", "--evaluate"]
     evaluation = ["--features", str(evaluator), "--num-samples", "8", "--num-images", "8"]
-    speed = ["--num-workers", "2", "--timestep-respacing", "ddim5", "--bpd-respacing", "10"]
+    speed = ["--num-workers", "1", "--timestep-respacing", "ddim5", "--bpd-respacing", "10"]
     assert main([*argv, *evaluation, *speed, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     [low_res] = (out / "low_res").iterdir()
