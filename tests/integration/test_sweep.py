@@ -137,8 +137,8 @@ def test_a_classifier_sweep_reports_its_own_objective_and_writes_its_best_config
     ray_cluster, tiny_dataset, tmp_path
 ):
     """No metric or mode in the sweep file: the classifier's own objective (val_acc@1, max) is
-    every row's column, picks the best trial, and its best_config.yaml trains with
-    ``raydiff train-classifier --config``."""
+    the row's column and names the best trial, and its best_config.yaml trains with
+    ``raydiff train-classifier --config``. One trial: ranking several is the ASHA test's."""
     from tiny_model import tiny_classifier
 
     from raydiff.cli import main
@@ -156,7 +156,7 @@ def test_a_classifier_sweep_reports_its_own_objective_and_writes_its_best_config
         tmp_path,
         base=str(tmp_path / "classifier.yaml"),
         set={"seed": 0},
-        search_space={"lr": {"grid": [3e-3, 1e-7]}},
+        search_space={"lr": {"grid": [3e-3]}},
         scheduler={"name": "none"},
     )
     loaded = load_sweep(sweep)
@@ -165,7 +165,7 @@ def test_a_classifier_sweep_reports_its_own_objective_and_writes_its_best_config
     outcome = start_sweep(loaded, output_dir=out)
     print(outcome.table)
     rows = read_results(out)
-    assert [r["status"] for r in rows] == ["finished", "finished"]
+    assert [r["status"] for r in rows] == ["finished"]
     header = outcome.table.splitlines()[0].split()
     assert header[:3] == ["trial", "lr", "val_acc@1"] and "val_bpd" not in header
     for row in rows:
