@@ -55,6 +55,7 @@ def run_ema_sweep(
 ) -> tuple[list[Reconstructed], SweepReport]:
     """Reconstruct ``options``' lengths, evaluate them and the fixed-rate EMAs, and write the
     report; returns what was reconstructed and the report."""
+    from raydiff.orchestrate.node_paths import refuse_paths_nodes_cannot_see
     from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console
 
     plan = plan_sweep(options)  # every check before anything is written
@@ -63,6 +64,8 @@ def run_ema_sweep(
         SweepRow(name=w.name, sigma_rel=w.sigma_rel, rate=w.rate, error=w.error) for w in written
     ] + plan.fixed
     ensure_ray(address=address, num_workers=options.num_workers, cpus_per_worker=1.0)
+    # The validators read the checkpoint and the reconstructed weights on their nodes.
+    refuse_paths_nodes_cannot_see({"--run": plan.checkpoint, "--out": plan.out})
     quiet_ray_console()
     logger.info(
         "evaluating %d weights of %s (%s), ranked by %s",

@@ -89,6 +89,7 @@ def run_family(
 
     from raydiff.data.prepare import prepare_dataset
     from raydiff.evaluate.family_report import write_family_report
+    from raydiff.orchestrate.node_paths import refuse_paths_nodes_cannot_see
     from raydiff.orchestrate.ray_session import ensure_ray
 
     folder = local_path(output)
@@ -112,6 +113,8 @@ def run_family(
         for s in family.stages.values()
     )
     ensure_ray(address=address, num_workers=math.ceil(cpus), cpus_per_worker=1.0)
+    # Each stage's training checks its own folders too; this refuses before any stage starts.
+    refuse_paths_nodes_cannot_see({"--output": out})
     tracked = start_family_tracking(family, out=out)
     # The stages' processes join the address given, else the local instance started here.
     address = address or ray.get_runtime_context().gcs_address

@@ -17,6 +17,7 @@ from raydiff.data.config import DataConfig
 from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError, first_line
 from raydiff.orchestrate.driver_signals import StopSignal, sigterm_as_ctrl_c
+from raydiff.orchestrate.node_paths import refuse_paths_nodes_cannot_see
 from raydiff.orchestrate.ray_session import (
     ensure_ray,
     quiet_ray_console,
@@ -142,6 +143,9 @@ def _train_on_ray(
         num_workers=config.scaling.max_workers,
         cpus_per_worker=config.scaling.cpus_per_worker,
         extra_cpus=config.evaluation.cpus if config.evaluation.every_checkpoint else 0.0,
+    )
+    refuse_paths_nodes_cannot_see(
+        {"--output": out, "--data": config.data.data_dir, "the checkpoint": start.checkpoint}
     )
     report_capacity(
         min_workers=config.scaling.min_workers,
