@@ -33,18 +33,92 @@ No Ray here; pyarrow is imported where a URI is used.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import re
 import tempfile
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from raydiff.errors import UserInputError
+from raydiff.errors import RunFailedError, UserInputError
 
 logger = logging.getLogger(__name__)
+
+# pyarrow's words for an object store's answer: "... AWS Error CODE during OP operation: text".
+_AWS_ERROR = re.compile(r"AWS Error (\w+)[^:]*(?::\s*(.*))?")
+# The answers the user must act on (a key, a bucket, a policy), not a failure of the store.
+_REFUSALS = frozenset(
+    {
+        "ACCESS_DENIED",
+        "INVALID_ACCESS_KEY_ID",
+        "SIGNATURE_DOES_NOT_MATCH",
+        "NO_SUCH_BUCKET",
+        "EXPIRED_TOKEN",
+        "INVALID_CLIENT_TOKEN_ID",
+        "UNRECOGNIZED_CLIENT",
+        "REQUEST_EXPIRED",
+    }
+)
+
+
+class StorageRefusedError(UserInputError):
+    """An object store refused a read or a write (a missing bucket, a denied access, an unknown
+    key): the user's to fix, said in one line with the store's answer."""
+
+    def __init__(self, where: str, answer: str) -> None:
+        self.where, self.answer = where, answer
+        super().__init__(
+            f"{where}: the object store refused it ({answer}); check the bucket's name and "
+            "that the AWS_* credentials may read and write there"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled from Ray workers with its two fields
+        return type(self), (self.where, self.answer)
+
+
+class StorageFailedError(RunFailedError):
+    """A read or a write that an object store failed (unreachable, timed out, a server error):
+    what stops a run, in one line with the store's answer, instead of a traceback."""
+
+    def __init__(self, where: str, answer: str) -> None:
+        self.where, self.answer = where, answer
+        super().__init__(f"{where}: the object store failed ({answer})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.where, self.answer)
+
+
+@contextlib.contextmanager
+def _store_errors_named(uri: str) -> Iterator[None]:
+    """An object store's error inside the block becomes :class:`StorageRefusedError` or
+    :class:`StorageFailedError` naming ``uri`` (a bare OSError of pyarrow reaches the user as
+    a traceback); other errors pass unchanged."""
+    try:
+        yield
+    except OSError as error:
+        found = _AWS_ERROR.search(str(error))
+        if found is None:
+            raise
+        code, detail = found.group(1), (found.group(2) or "").split(" (Request ID")[0].strip()
+        answer = f"{code}: {detail}" if detail else code
+        kind = StorageRefusedError if code in _REFUSALS else StorageFailedError
+        raise kind(uri, answer) from None
+
+
+def _store_errors_named_for_self(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A :class:`RemotePath` method under :func:`_store_errors_named` of its own URI."""
+
+    @functools.wraps(method)
+    def wrapper(self: RemotePath, *args: Any, **kwargs: Any) -> Any:
+        with _store_errors_named(self.uri):
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 def is_remote(uri: str) -> bool:
@@ -148,6 +222,7 @@ class RemotePath:
             self.filesystem, self.path.rpartition("/")[0], self.uri.rpartition("/")[0]
         )
 
+    @_store_errors_named_for_self
     def _type(self) -> str:
         """``pyarrow.fs.FileType``'s name: NotFound, File, Directory, ..."""
         return self.filesystem.get_file_info(self.path).type.name
@@ -161,6 +236,7 @@ class RemotePath:
     def is_dir(self) -> bool:
         return self._type() == "Directory"
 
+    @_store_errors_named_for_self
     def iterdir(self) -> Iterator[RemotePath]:
         """The folder's entries (none when it does not exist), in no particular order."""
         import pyarrow.fs
@@ -169,12 +245,14 @@ class RemotePath:
         for info in self.filesystem.get_file_info(selector):
             yield self / info.base_name
 
+    @_store_errors_named_for_self
     def stat(self) -> FileStat:
         info = self.filesystem.get_file_info(self.path)
         if info.size is None:
             raise FileNotFoundError(f"{self} is not a file")
         return FileStat(st_size=info.size)
 
+    @_store_errors_named_for_self
     def read_bytes(self) -> bytes:
         if not self.is_file():
             raise FileNotFoundError(f"{self} does not exist")
@@ -184,6 +262,7 @@ class RemotePath:
     def read_text(self, encoding: str = "utf-8") -> str:
         return self.read_bytes().decode(encoding)
 
+    @_store_errors_named_for_self
     def write_bytes(self, data: bytes) -> None:
         """Replace the file as a whole: an object store publishes an object when its upload
         completes; on a local filesystem a temporary file is renamed into place."""
@@ -200,11 +279,13 @@ class RemotePath:
     def write_text(self, text: str, encoding: str = "utf-8") -> None:
         self.write_bytes(text.encode(encoding))
 
+    @_store_errors_named_for_self
     def mkdir(self, parents: bool = True, exist_ok: bool = True) -> None:
         """Create the folder with its parents (nothing to do on an object store)."""
         if self.filesystem.type_name not in _NO_FOLDERS:
             self.filesystem.create_dir(self.path, recursive=True)
 
+    @_store_errors_named_for_self
     def unlink(self, missing_ok: bool = False) -> None:
         if missing_ok and not self.exists():
             return
@@ -283,6 +364,20 @@ def write_bytes_atomically(target: StoragePath, data: bytes) -> None:
     tmp.replace(target)
 
 
+def check_writable(location: StoragePath, *, flag: str) -> None:
+    """Write and delete a probe object in the remote folder ``location`` (a local folder is
+    created where it is written), so that a store that refuses it is named, in one line with
+    its answer and ``flag``, before anything starts rather than at the first checkpoint."""
+    if not isinstance(location, RemotePath):
+        return
+    probe = location / f".raydiff-write-check-{uuid.uuid4().hex[:12]}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except StorageRefusedError as error:
+        raise StorageRefusedError(f"{flag} {location}", error.answer) from None
+
+
 def upload(source: Path, target: RemotePath, *, last: str | None = None) -> None:
     """Copy the local file or folder ``source`` to ``target`` (a folder's files one by one;
     those named ``last`` after all the others)."""
@@ -291,12 +386,13 @@ def upload(source: Path, target: RemotePath, *, last: str | None = None) -> None
     local = pyarrow.fs.LocalFileSystem()
     if source.is_file():
         target.parent.mkdir()
-        pyarrow.fs.copy_files(
-            str(source),
-            target.path,
-            source_filesystem=local,
-            destination_filesystem=target.filesystem,
-        )
+        with _store_errors_named(target.uri):
+            pyarrow.fs.copy_files(
+                str(source),
+                target.path,
+                source_filesystem=local,
+                destination_filesystem=target.filesystem,
+            )
         return
     files = sorted(p for p in source.rglob("*") if p.is_file())
     for file in sorted(files, key=lambda p: p.name == last):
@@ -311,12 +407,13 @@ def download(source: RemotePath, target: Path) -> Path:
         raise FileNotFoundError(f"{source} does not exist")
     if source.is_dir():
         target.mkdir(parents=True, exist_ok=True)  # copy_files makes the folders below it
-    pyarrow.fs.copy_files(
-        source.path,
-        str(target),
-        source_filesystem=source.filesystem,
-        destination_filesystem=pyarrow.fs.LocalFileSystem(),
-    )
+    with _store_errors_named(source.uri):
+        pyarrow.fs.copy_files(
+            source.path,
+            str(target),
+            source_filesystem=source.filesystem,
+            destination_filesystem=pyarrow.fs.LocalFileSystem(),
+        )
     return target
 
 

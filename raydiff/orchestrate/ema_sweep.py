@@ -26,7 +26,7 @@ from raydiff.ema.reconstruction import (
 from raydiff.errors import ConfigError, RunInterruptedError, UserInputError
 from raydiff.evaluate.ema_sweep_report import SweepReport, SweepRow, write_sweep_report
 from raydiff.results_table import Ranking
-from raydiff.storage import StoragePath, as_location, write_bytes_atomically
+from raydiff.storage import StoragePath, as_location, check_writable, write_bytes_atomically
 from raydiff.tracking import log_evaluation
 from raydiff.train.posthoc_ema import rate_to_sigma_rel
 from raydiff.train.run_files import POSTHOC_DIR
@@ -125,6 +125,7 @@ def plan_sweep(options: EmaOptions) -> SweepPlan:
             f"--out {out} is not empty (a sweep of step {step} was run before?): give --out a "
             "new folder, or remove that one"
         )
+    check_writable(out, flag="--out")  # a refused bucket now, not after the evaluations
     fixed = [
         SweepRow(
             name=f"ema_{rate}",

@@ -25,7 +25,7 @@ from raydiff.sample.load import SamplingModel, load_sampling_model
 from raydiff.sample.low_res import LowResImages, check_cascade, load_low_res
 from raydiff.sample.options import SampleOptions, cascade_stages, sampling_diffusion_config
 from raydiff.sample.outputs import write_sampling_outputs
-from raydiff.storage import StoragePath, resolve_location
+from raydiff.storage import StoragePath, check_writable, resolve_location
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ def run_sampling(options: SampleOptions, *, address: str | None = None) -> Sampl
     out = resolve_location(options.out)  # a local folder, or a URI (s3://, gs://, ...)
     if out.exists() and any(out.iterdir()):
         raise UserInputError(f"--out {options.out} is not empty: choose a new folder")
+    check_writable(out, flag="--out")  # a refused bucket now, not after the sampling
     if options.upsampler:
         return _run_cascade(options, address=address)
     # Every check before Ray starts: the checkpoint loads (downloaded first from a URI), the

@@ -38,6 +38,7 @@ from raydiff.orchestrate.training_job import (
 from raydiff.results_table import cell, finite
 from raydiff.storage import (
     StoragePath,
+    check_writable,
     names_a_bucket,
     ray_storage,
     resolve_location,
@@ -338,6 +339,7 @@ def sweep_folder(flag: str, folder: str | Path) -> StoragePath:
         raise UserInputError(
             f"{flag} {folder}: give the sweep a folder inside the bucket, e.g. {out}/sweeps/NAME"
         )
+    check_writable(out, flag=flag)  # a refused bucket now, not when the first trial reports
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from raydiff.config import ExperimentConfig, to_dict
 from raydiff.data.manifest import Manifest, check_compatible
 from raydiff.errors import UserInputError
-from raydiff.storage import StoragePath, as_location, local_path
+from raydiff.storage import StoragePath, as_location, check_writable, local_path
 from raydiff.train.checkpoint import (
     read_metrics,
     read_progress,
@@ -104,6 +104,7 @@ def plan_start(
     instead of loading the data and building the model to train zero steps.
     """
     check_run(config, manifest=manifest, resume=resume, num_workers=num_workers)
+    check_writable(output_dir, flag="--output")  # a refused bucket now, not at a checkpoint
     check_resume_target(output_dir, resume)
     checkpoint = resume_point(output_dir, resume)
     if checkpoint is None:

@@ -1,6 +1,6 @@
 """What a node "sees" at a local path (raydiff.orchestrate.node_paths.fingerprint), the value
 that every node must agree on with the driver. The refusal itself needs nodes that share no
-disk: tests/cluster/."""
+disk: the cluster tier's."""
 
 from __future__ import annotations
 

@@ -288,3 +288,67 @@ def test_write_text_atomically_replaces_whole_files_and_leaves_no_temporaries(tm
         write_text_atomically(target, "b\n")
         assert target.read_text() == "b\n"
         assert [p.name for p in folder.iterdir()] == ["results.csv"]
+
+
+class _Store:
+    """A pyarrow-like S3 filesystem whose every call raises ``OSError(message)``."""
+
+    type_name = "s3"
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def get_file_info(self, *args: object) -> None:
+        raise OSError(self.message)
+
+    def open_output_stream(self, *args: object) -> None:
+        raise OSError(self.message)
+
+
+DENIED = (
+    "When initiating multiple part upload for key 'run/probe' in bucket 'b': AWS Error "
+    "ACCESS_DENIED during CreateMultipartUpload operation: Access Denied. (Request ID: 18EC4)"
+)
+UNREACHABLE = (
+    "When getting information for key 'run' in bucket 'b': AWS Error NETWORK_CONNECTION during "
+    "HeadObject operation: curlCode: 7, Could not connect to server"
+)
+
+
+def test_a_store_refusal_is_one_line_naming_the_path_and_the_answer() -> None:
+    from raydiff.errors import RunFailedError
+    from raydiff.storage import StorageFailedError, StorageRefusedError
+
+    refused = RemotePath(_Store(DENIED), "b/run", "s3://b/run")
+    with pytest.raises(StorageRefusedError) as caught:
+        refused.exists()
+    message = str(caught.value)
+    assert isinstance(caught.value, UserInputError) and "\n" not in message
+    assert message.startswith("s3://b/run: the object store refused it (ACCESS_DENIED: Access")
+    assert "Request ID" not in message and "AWS_*" in message
+    failed = RemotePath(_Store(UNREACHABLE), "b/run", "s3://b/run")
+    with pytest.raises(StorageFailedError) as caught:
+        failed.write_text("x")
+    assert isinstance(caught.value, RunFailedError)
+    assert str(caught.value) == (
+        "s3://b/run: the object store failed (NETWORK_CONNECTION: curlCode: 7, Could not "
+        "connect to server)"
+    )
+    # Both travel from a Ray worker to the driver (pickled) whole.
+    for error in (StorageRefusedError("s3://b/x", "A"), StorageFailedError("s3://b/x", "B")):
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is type(error) and str(again) == str(error)
+    other = RemotePath(_Store("a local disk error"), "b/run", "s3://b/run")
+    with pytest.raises(OSError, match="a local disk error"):  # not an answer of a store
+        other.exists()
+
+
+def test_check_writable_names_the_flag_and_leaves_nothing(memory, tmp_path) -> None:
+    from raydiff.storage import StorageRefusedError, check_writable
+
+    check_writable(memory, flag="--output")
+    assert list(memory.iterdir()) == []  # the probe was removed
+    check_writable(tmp_path / "local", flag="--output")  # local folders are not probed
+    assert not (tmp_path / "local").exists()
+    with pytest.raises(StorageRefusedError, match=r"^--output s3://b/run: the object store "):
+        check_writable(RemotePath(_Store(DENIED), "b/run", "s3://b/run"), flag="--output")
