@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from s3_server import S3Server
 
 REPO = Path(__file__).resolve().parents[2]
 MLFLOW_START_TIMEOUT_S = 120
@@ -123,6 +124,16 @@ def two_worker_run(
     out = tmp_path_factory.mktemp("two_workers") / f"run-{uuid.uuid4().hex[:8]}"
     with start_prometheus(tmp_path_factory.mktemp("prometheus")) as prometheus:
         return two_worker_run_in(out, tiny_dataset.path, prometheus=prometheus)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A SeaweedFS S3 server on 127.0.0.1 for the session (tests/s3_server.py: credentials
+    enforced, one bucket); each test writes under a prefix of its own."""
+    from s3_server import seaweedfs
+
+    with seaweedfs(tmp_path_factory.mktemp("s3")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,7 @@
-"""A Ray run whose --output is an S3 URI: moto's S3 server on 127.0.0.1, the AWS environment a
-user would set (keys, region, AWS_ENDPOINT_URL), two workers on the shared cluster.
+"""A Ray run whose --output is an S3 URI: a real S3 server (SeaweedFS, tests/s3_server.py, one
+for the session: conftest.py's ``s3_server``) on 127.0.0.1 that refuses a wrong or read-only
+key, the AWS environment a user would set (keys, region, AWS_ENDPOINT_URL), two workers on the
+shared cluster.
 
 The environment is set in this test's process only, after the shared ``ray_cluster`` fixture
 started Ray: its workers never see it. That is the point: the driver builds the S3 filesystem
@@ -11,18 +13,15 @@ controller, the workers and the loss-history actor, so a cluster started without
 from __future__ import annotations
 
 import json
-import logging
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from s3_server import ACCESS_KEY, READ_ONLY_KEY, S3Server
 from test_training import GLOBAL_BATCH, run, tiny_config
 
 pytestmark = pytest.mark.integration
 
-BUCKET = "raydiff-test"
 AWS_VARIABLES = (
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
@@ -36,39 +35,46 @@ AWS_VARIABLES = (
 
 
 @pytest.fixture
-def s3_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """An empty bucket on a moto S3 server of this test, and the AWS variables pointing at it."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The session's S3 bucket, and the AWS variables pointing at it (this test's only)."""
     for name in AWS_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-    boto3.client("s3").create_bucket(Bucket=BUCKET)  # boto3 reads the same variables
-    try:
-        yield BUCKET
-    finally:
-        server.stop()
+    for name, value in s3_server.environment().items():
+        monkeypatch.setenv(name, value)
+    return s3_server.buckets[0]
 
 
-def bucket_keys(bucket: str) -> set[str]:
-    import boto3
+def test_a_refused_bucket_is_one_line_before_anything_starts(
+    s3_server: S3Server, s3_bucket: str, tiny_dataset, capsys, monkeypatch
+) -> None:
+    """A key the store does not know, a read-only key, a bucket the key may not write: `raydiff
+    train` says so in one line with the store's answer, as a user's mistake, before anything
+    starts (nothing in the bucket)."""
+    from tiny_model import tiny_model
 
-    pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket)
-    return {item["Key"] for page in pages for item in page.get("Contents", [])}
+    from raydiff.cli import main
+    from raydiff.cli.exit_codes import EXIT_USER_ERROR
+
+    argv = ["train", "--data", str(tiny_dataset.path), "--single-process", "--max-steps", "1"]
+    argv += [arg for setting in tiny_model() for arg in ("--set", setting)]
+    cases = {
+        "INVALID_ACCESS_KEY_ID": ("unknown-key", f"s3://{s3_bucket}/refused/a"),
+        "ACCESS_DENIED": (READ_ONLY_KEY, f"s3://{s3_bucket}/refused/b"),
+        "ACCESS_DENIED: Access Denied": (ACCESS_KEY, "s3://another-bucket/refused/c"),
+    }
+    for answer, (key, uri) in cases.items():
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+        assert main([*argv, "--output", uri]) == EXIT_USER_ERROR
+        printed = capsys.readouterr().err.strip().splitlines()
+        assert len(printed) == 1, printed
+        assert printed[0].startswith(
+            f"raydiff train: error: --output {uri}: the object store refused it ({answer}"
+        ), printed
+    assert not s3_server.keys(s3_bucket, "refused/")
 
 
 def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
-    ray_cluster, tiny_dataset, s3_bucket, tmp_path, monkeypatch
+    ray_cluster, tiny_dataset, s3_server, s3_bucket, tmp_path, monkeypatch
 ):
     """Train into the bucket, resume from it evaluating each of its checkpoints while it trains
     (the evaluation actor's test: samples, grid, the bound, metrics.jsonl and ``eval/*``
@@ -85,7 +91,7 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     assert first["checkpoint"] == f"{uri}/checkpoint_000002"
     assert first["output_dir"] == uri
 
-    keys = bucket_keys(s3_bucket)
+    keys = s3_server.keys(s3_bucket)
     run_keys = {k.removeprefix("runs/r1/") for k in keys if k.startswith("runs/r1/")}
     assert {
         "config.json",
@@ -123,7 +129,7 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     assert np.isfinite(second["evaluation"]["bpd_val"])
     evaluated = f"{uri}/evaluation/checkpoint_000006"
     assert second["evaluation"]["samples"] == f"{evaluated}/samples_4x16x16x1.npz"
-    keys = {k.removeprefix("runs/r1/") for k in bucket_keys(s3_bucket) if "runs/r1/" in k}
+    keys = {k.removeprefix("runs/r1/") for k in s3_server.keys(s3_bucket) if "runs/r1/" in k}
     for step in (4, 6):
         folder = f"evaluation/checkpoint_{step:06d}"
         assert {f"{folder}/evaluation.json", f"{folder}/grid.png"} <= keys, sorted(keys)
@@ -150,7 +156,7 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     second_events = EventAccumulator(str(files[-1]), size_guidance={"scalars": 0})
     second_events.Reload()
     assert [e.step for e in second_events.Scalars("train/loss_step")] == [3, 4, 5, 6]
-    assert "runs/r1/samples/samples_000006.png" in bucket_keys(s3_bucket)
+    assert "runs/r1/samples/samples_000006.png" in s3_server.keys(s3_bucket)
 
     # Samples from the checkpoint in the bucket, into the bucket; the folder is refused once full.
     from raydiff.errors import UserInputError
@@ -167,7 +173,7 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
     )
     result = run_sampling(options)
     assert str(result.npz).startswith(f"s3://{s3_bucket}/samples/s1/samples_3x")
-    sample_keys = {k for k in bucket_keys(s3_bucket) if k.startswith("samples/s1/")}
+    sample_keys = {k for k in s3_server.keys(s3_bucket) if k.startswith("samples/s1/")}
     assert {
         "samples/s1/grid.png",
         "samples/s1/sampling.json",
@@ -232,7 +238,7 @@ def test_a_run_on_s3_keeps_everything_there_and_resumes_from_it(
 
 
 def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket_as_one_mlflow_parent(
-    ray_cluster, tiny_dataset, s3_bucket, mlflow_server, tmp_path
+    ray_cluster, tiny_dataset, s3_server, s3_bucket, mlflow_server, tmp_path
 ):
     """``raydiff sweep --output s3://...`` of Optuna's TPE over an upsampler's config (its input
     size among the fields), tracked in MLflow, stopped by SIGTERM while its second trial trains
@@ -279,7 +285,9 @@ def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket_as_one_mlflow_parent
     uri = f"s3://{s3_bucket}/sweeps/s1"
 
     def keys() -> set[str]:
-        return {k.removeprefix("sweeps/s1/") for k in bucket_keys(s3_bucket) if "sweeps/s1/" in k}
+        return {
+            k.removeprefix("sweeps/s1/") for k in s3_server.keys(s3_bucket) if "sweeps/s1/" in k
+        }
 
     def checkpoints(trial_prefix: str) -> list[str]:
         return sorted(
