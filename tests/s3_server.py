@@ -171,6 +171,8 @@ def seaweedfs(
 def _wait_until_serving(found: S3Server, server: subprocess.Popen, log: Path) -> None:
     """Until the S3 gateway lists buckets for the administrator (the filer and a volume are up
     by then), or fail with the end of its log."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         if server.poll() is not None:
@@ -178,7 +180,7 @@ def _wait_until_serving(found: S3Server, server: subprocess.Popen, log: Path) ->
         try:
             found.client(access_key=ADMIN_KEY).list_buckets()
             return
-        except Exception as error:  # not listening, or not ready yet
+        except (BotoCoreError, ClientError, OSError) as error:  # not listening, or not ready
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"SeaweedFS did not serve S3 at {found.endpoint} within {START_TIMEOUT_S:.0f} "
