@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -230,6 +231,26 @@ def wandb_records(path: Path) -> Iterator[Any]:
             yield record
 
 
+def finished_records(path: Path, *, timeout: float = 30.0) -> list[Any]:
+    """The records of a finished W&B run's ``.wandb`` file: the last is its ``exit`` record.
+    W&B's own process may still be writing the file when ``run.finish()`` has returned, so a
+    file without it (or with a half-written last record) is read again until the timeout."""
+    from google.protobuf.message import DecodeError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            records = list(wandb_records(path))
+            if records and records[-1].WhichOneof("record_type") == "exit":
+                return records
+        except DecodeError:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} has no exit record after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
 def item_key(item: Any) -> str:
     """A record item's key (W&B writes it as ``nested_key`` parts or as ``key``)."""
     return item.key or "/".join(item.nested_key)
@@ -272,7 +293,7 @@ def test_wandb_offline_continues_one_run_and_logs_each_step_once(
     assert len(files) == 2, files  # one per process that logged: `wandb sync` joins them
     steps, runs, config_items = [], set(), {}
     for file in files:
-        for record in wandb_records(file):
+        for record in finished_records(file):
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 runs.add((record.run.run_id, record.run.project))
