@@ -44,11 +44,11 @@ _OWN_TIERS = {"test_elastic.py": "elastic"}
 _OWN_CLUSTERS = ("test_faults.py", "test_job_submit.py")
 # Markers whose skips are errors under CI: what set-up installs (scripts/setup.sh) must be there.
 _REQUIRED_UNDER_CI = ("slow", "dataset", "prometheus")
-# Each tier's wall time under CI, in seconds: 20-30% over its slowest time on a fresh clone of
-# the 2-core Intel Xeon (docs/testing.md: the same tests vary by 20% from day to day there). The
-# goal is 12 minutes in all, set-up included; the integration tier is not there yet, so these
-# budgets hold the suite where it is: growth is a decision, and a cut lowers the budget with it.
-TIER_BUDGETS_S = {"unit": 120, "learning": 110, "integration": 1560, "slow": 270}
+# Each tier's wall time under CI, in seconds: 30-50% over its time on a fresh clone of the 2-core
+# Intel Xeon (docs/testing.md: the same tests vary by 20-30% from day to day there). The goal is
+# 12 minutes in all, set-up included; the integration tier is not there yet, so these budgets
+# hold the suite where it is: growth is a decision, and a cut lowers the budget with it.
+TIER_BUDGETS_S = {"unit": 110, "learning": 110, "integration": 1400, "slow": 220}
 # How many of an over-budget tier's slowest tests its failure names.
 _SLOWEST_NAMED = 10
 
