@@ -236,13 +236,15 @@ class RemotePath:
     def is_dir(self) -> bool:
         return self._type() == "Directory"
 
-    @_store_errors_named_for_self
     def iterdir(self) -> Iterator[RemotePath]:
         """The folder's entries (none when it does not exist), in no particular order."""
         import pyarrow.fs
 
         selector = pyarrow.fs.FileSelector(self.path, allow_not_found=True)
-        for info in self.filesystem.get_file_info(selector):
+        # Listed inside the block: a generator's body would run after a decorator's had left.
+        with _store_errors_named(self.uri):
+            found = self.filesystem.get_file_info(selector)
+        for info in found:
             yield self / info.base_name
 
     @_store_errors_named_for_self

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -28,8 +29,8 @@ from raydiff.storage import StoragePath, local_path
 
 logger = logging.getLogger(__name__)
 
-#: How long a node may take to answer (a new worker process on a busy node) before the check
-#: gives up on it with a warning: a slow node is not proof of a hidden path.
+#: How long the nodes may take to answer (a new worker process on a busy node) before the check
+#: gives up on those left with a warning: a slow node is not proof of a hidden path.
 ANSWER_TIMEOUT_S = 120.0
 _HASHED_BYTES = 1 << 16
 
@@ -79,15 +80,20 @@ def refuse_paths_nodes_cannot_see(paths: Mapping[str, str | StoragePath | None])
         return
     expected = {flag: fingerprint(path) for flag, path in local.items()}
     probe = ray.remote(num_cpus=0)(_fingerprints)
-    answers = {
-        node["NodeManagerAddress"]: probe.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-        ).remote(list(local.values()))
+    # A list, not a dict by address: several nodes may share one machine's address.
+    answers = [
+        (
+            node["NodeManagerAddress"],
+            probe.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            ).remote(list(local.values())),
+        )
         for node in nodes
-    }
-    for address, answer in answers.items():
+    ]
+    deadline = time.monotonic() + ANSWER_TIMEOUT_S  # for all the nodes together
+    for address, answer in answers:
         try:
-            seen = ray.get(answer, timeout=ANSWER_TIMEOUT_S)
+            seen = ray.get(answer, timeout=max(0.0, deadline - time.monotonic()))
         except ray.exceptions.GetTimeoutError:
             logger.warning(
                 "node %s did not say within %.0f s whether it sees %s; going on",

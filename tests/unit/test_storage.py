@@ -320,6 +320,8 @@ def test_a_store_refusal_is_one_line_naming_the_path_and_the_answer() -> None:
     from raydiff.storage import StorageFailedError, StorageRefusedError
 
     refused = RemotePath(_Store(DENIED), "b/run", "s3://b/run")
+    with pytest.raises(StorageRefusedError):
+        list(refused.iterdir())
     with pytest.raises(StorageRefusedError) as caught:
         refused.exists()
     message = str(caught.value)
