@@ -13,6 +13,7 @@ Every process here is ended by pid (``ip netns pids``), every namespace deleted,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -105,8 +106,21 @@ class NetnsCluster:
         ip = f"{SUBNET}.{10 + index}"
         sh("ip", "netns", "add", name)
         # Both ends are made inside the namespaces: no interface ever appears on the host.
-        sh("ip", "-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", f"v{index}",
-           "netns", self.bridge)  # fmt: skip
+        sh(
+            "ip",
+            "-n",
+            name,
+            "link",
+            "add",
+            "eth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            f"v{index}",
+            "netns",
+            self.bridge,
+        )
         sh("ip", "-n", self.bridge, "link", "set", f"v{index}", "master", "br0", "up")
         sh("ip", "-n", name, "addr", "add", f"{ip}/24", "dev", "eth0")
         sh("ip", "-n", name, "link", "set", "eth0", "up")
@@ -151,7 +165,7 @@ class NetnsCluster:
                 f"-s3.port={S3_PORT}",
                 "-admin.ui=false",
                 "-webdav=false",
-            ],  # fmt: skip
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -174,14 +188,31 @@ class NetnsCluster:
             f"region_name={REGION!r}, config=Config(retries={{'max_attempts': 1}}))\n"
         )
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(self.repo)}
-        return subprocess.run(["ip", "netns", "exec", self.bridge, "env", "-i",
-                               *(f"{k}={v}" for k, v in env.items()), sys.executable, "-c",
-                               prelude + code], capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        return subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.bridge,
+                "env",
+                "-i",
+                *(f"{k}={v}" for k, v in env.items()),
+                sys.executable,
+                "-c",
+                prelude + code,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def _s3_ready(self) -> bool:
-        done = self.run_in(self.bridge, ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-                           f"{self.endpoint}/"], timeout=10, mount=False)  # fmt: skip
+        done = self.run_in(
+            self.bridge,
+            ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"{self.endpoint}/"],
+            timeout=10,
+            mount=False,
+        )
         return done.stdout.strip() not in ("", "000")
 
     # --- Ray nodes ---------------------------------------------------------------------------
@@ -210,7 +241,7 @@ class NetnsCluster:
                 "sh",
                 "-c",
                 script,
-            ],  # fmt: skip
+            ],
             env={**self.node_env(), "HOME": str(node.private)},
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -248,20 +279,40 @@ class NetnsCluster:
                 continue
         raise RuntimeError(f"no process of {self.head.name} has its private folder mounted")
 
-    def driver(self, argv: list[str], *, timeout: float = COMMAND_TIMEOUT_S,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    def driver(
+        self,
+        argv: list[str],
+        *,
+        timeout: float = COMMAND_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
         """``argv`` as a driver in the head node's namespaces, with the S3 environment."""
-        full = {**self.node_env(), "HOME": str(self.head.private), **(env or {})}
-        nsenter = ["nsenter", f"--target={self.head_pid()}", "--mount", "--net", "--",
-                   "env", "-i", *(f"{k}={v}" for k, v in full.items())]  # fmt: skip
+        full = {
+            **self.node_env(),
+            "HOME": str(self.head.private),
+            "RAY_ADDRESS": f"{self.head.ip}:{RAY_PORT}",  # the temp dir is not /tmp/ray
+            **(env or {}),
+        }
+        nsenter = [
+            "nsenter",
+            f"--target={self.head_pid()}",
+            "--mount",
+            "--net",
+            "--",
+            "env",
+            "-i",
+            *(f"{k}={v}" for k, v in full.items()),
+        ]
         try:
-            return subprocess.run([*nsenter, *argv], capture_output=True, text=True,
-                                  timeout=timeout, cwd=self.repo)  # fmt: skip
+            return subprocess.run(
+                [*nsenter, *argv], capture_output=True, text=True, timeout=timeout, cwd=self.repo
+            )
         except subprocess.TimeoutExpired as error:
             return subprocess.CompletedProcess(argv, 124, error.stdout or "", error.stderr or "")
 
-    def run_in(self, netns: str, argv: list[str], *, timeout: float = 60,
-               mount: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
+    def run_in(
+        self, netns: str, argv: list[str], *, timeout: float = 60, mount: bool = True
+    ) -> subprocess.CompletedProcess:
         """``argv`` in a node's namespaces (network only for the bridge: ``mount=False``)."""
         if mount and netns != self.bridge:
             node = next(n for n in self.nodes if n.name == netns)
@@ -270,8 +321,7 @@ class NetnsCluster:
         else:
             prefix = ["ip", "netns", "exec", netns]
         try:
-            return subprocess.run([*prefix, *argv], capture_output=True, text=True,
-                                  timeout=timeout)  # fmt: skip
+            return subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as error:
             return subprocess.CompletedProcess(argv, 124, error.stdout or "", error.stderr or "")
 
@@ -330,7 +380,5 @@ def _has_mount(pid: int, folder: Path) -> bool:
 
 
 def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
