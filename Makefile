@@ -1,6 +1,6 @@
 # raydiff developer entry points. `make demo` and `make test` each set the machine up first
 # (virtualenv, pinned packages, dataset) through scripts/setup.sh.
-.PHONY: setup demo sweep test coverage test-unit test-learning test-integration test-slow test-elastic test-gpu lint format bench bench-data bench-overhead bench-startup bench-sweep bench-sampling bench-sampling-gpu bench-gpu gpu-check gpu-bundle bench-parity data constraints config-doc
+.PHONY: setup demo sweep test coverage test-unit test-learning test-integration test-cluster test-slow test-elastic test-gpu lint format bench bench-data bench-overhead bench-startup bench-sweep bench-sampling bench-sampling-gpu bench-gpu gpu-check gpu-bundle bench-parity data constraints config-doc
 
 
 setup:
@@ -34,7 +34,7 @@ test:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m ruff check . && \
 	if [ -n "$(COV_ARGS)" ]; then "$$py" -m coverage erase; fi && \
 	case "$${CI:-}" in ""|0|false|no) ci=0;; *) ci=1;; esac && \
-	ran=0 && for tier in unit learning integration slow; do \
+	ran=0 && for tier in unit learning integration cluster slow; do \
 	  echo "== pytest -m $$tier"; \
 	  if [ $$tier = unit ]; then par="-n auto"; else par=""; fi; \
 	  "$$py" -m pytest -m $$tier $$par --durations=25 $(COV_ARGS) $(PYTEST_ARGS); rc=$$?; \
@@ -54,6 +54,9 @@ test-learning:
 
 test-integration:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m integration $(PYTEST_ARGS)
+
+test-cluster:
+	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m cluster $(PYTEST_ARGS)
 
 test-slow:
 	@py="$$(scripts/setup.sh | tail -n 1)" && "$$py" -m pytest -m slow $(PYTEST_ARGS)

@@ -187,3 +187,18 @@ def _wait_until_serving(found: S3Server, server: subprocess.Popen, log: Path) ->
                     f"s ({error}): {log.read_text()[-3000:]}"
                 ) from None
             time.sleep(0.25)
+
+
+def serve(argv: Sequence[str]) -> None:
+    """``python tests/s3_server.py FOLDER IP BUCKET...``: a server on ``IP`` until stdin closes;
+    its endpoint is printed as one JSON line once it serves. This is how a namespace of the
+    tests' own gets a server (``ip netns exec NS python tests/s3_server.py ...``): started,
+    waited for and given its buckets from inside, where ``IP`` is reachable."""
+    folder, ip, *buckets = argv
+    with seaweedfs(Path(folder), buckets=buckets, ip=ip) as server:
+        print(json.dumps({"endpoint": server.endpoint, "buckets": buckets}), flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1:])

@@ -9,7 +9,6 @@ itself, no collective is involved.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import tempfile
@@ -30,7 +29,7 @@ from raydiff.data.cached_split import CachedSplit
 from raydiff.data.pipeline import iterate_batches
 from raydiff.orchestrate.loss_history_actor import ActorSyncedSampler
 from raydiff.orchestrate.metrics import TrainingMetrics
-from raydiff.storage import StoragePath, local_copy
+from raydiff.storage import StoragePath
 from raydiff.train.checkpoint import (
     checkpoint_name,
     latest_checkpoint,
@@ -80,17 +79,14 @@ class RayRuntime:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @contextlib.contextmanager
-    def resume_checkpoint(self) -> Iterator[Path | None]:
+    def resume_from(self) -> StoragePath | None:
         # The newest complete checkpoint in the run folder, else the one the driver chose at the
         # start (--resume). Not ray.train.get_checkpoint(): that is the last checkpoint Ray
         # Train recorded for the run (also one a driver started again on the folder inherits),
         # which may be a partial copy that cannot load (a crash mid-copy, a damaged file), or
         # older than a complete one it had not committed yet when the run failed or was stopped.
         newest = latest_checkpoint(self.output_dir)
-        start = newest if newest is not None else self.resume
-        with local_copy(start) as path:  # under a URI: every worker downloads it
-            yield path
+        return newest if newest is not None else self.resume
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         # The UNet has no buffers, so DDP's buffer syncing is moot.

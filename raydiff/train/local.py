@@ -7,10 +7,8 @@ continue the other).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +19,7 @@ from raydiff.core.timestep_sampler import ScheduleSampler, create_named_schedule
 from raydiff.data.in_memory import infinite_batches, load_split_tensors
 from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.errors import UserInputError
-from raydiff.storage import StoragePath, local_copy, resolve_location
+from raydiff.storage import StoragePath, resolve_location
 from raydiff.tracking import start_tracking
 from raydiff.train.checkpoint import save_checkpoint
 from raydiff.train.data_position import DataPosition
@@ -60,8 +58,8 @@ class LocalRuntime:
         self.device = device or torch.device("cpu")
         self.last_checkpoint: StoragePath | None = None
 
-    def resume_checkpoint(self) -> contextlib.AbstractContextManager[Path | None]:
-        return local_copy(self.resume)  # a checkpoint under a URI: downloaded
+    def resume_from(self) -> StoragePath | None:
+        return self.resume
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.device)

@@ -23,7 +23,7 @@ import torch
 
 from raydiff.config import ExperimentConfig, to_dict
 from raydiff.seeding import derive_seed
-from raydiff.storage import StoragePath
+from raydiff.storage import StoragePath, local_copy
 from raydiff.train.build import build_rank_optimizer
 from raydiff.train.checkpoint import load_checkpoint
 from raydiff.train.compilation import LoopCompilation
@@ -116,8 +116,9 @@ class TrainingLoop:
 
     def build(self) -> None:
         """The task and its trainer, continued from the runtime's checkpoint if it has one."""
-        with self.runtime.resume_checkpoint() as resume:
-            state = load_checkpoint(resume) if resume is not None else None
+        resume = self.runtime.resume_from()
+        with local_copy(resume) as path:  # under a URI: every rank downloads it
+            state = load_checkpoint(path) if path is not None else None
         self.task, self.optimizer = build_rank_optimizer(
             self.config, runtime=self.runtime, make_task=self.make_task, fresh=state is None
         )

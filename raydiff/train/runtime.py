@@ -16,15 +16,14 @@ called on the main rank only.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from raydiff.core.gaussian_diffusion import GaussianDiffusion
 from raydiff.core.timestep_sampler import ScheduleSampler
+from raydiff.storage import StoragePath
 from raydiff.train.data_position import DataPosition
 
 Batch = dict[str, Any]
@@ -57,8 +56,8 @@ class Runtime(Protocol):
         """Rank 0: writes TensorBoard, sample grids, progress lines and checkpoints."""
         ...
 
-    def resume_checkpoint(self) -> contextlib.AbstractContextManager[Path | None]:
-        """The checkpoint folder to continue from, readable inside the block (None: fresh)."""
+    def resume_from(self) -> StoragePath | None:
+        """The checkpoint folder to continue from, local or under a URI (None: fresh)."""
         ...
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -19,27 +19,14 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 from s3_server import S3Server
+from tiny_dataset import TinyDataset, make_tiny_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 MLFLOW_START_TIMEOUT_S = 120
-
-
-@dataclass(frozen=True)
-class TinyDataset:
-    """What ``tiny_dataset`` made (tests read these instead of importing this conftest)."""
-
-    path: Path
-    image_size: int = 16
-    channels: int = 1
-    num_classes: int = 10
-    num_train: int = 288  # 288 train + 32 val: both split evenly over 2 workers and batch 16
-    num_val: int = 32
 
 
 @pytest.fixture(scope="session")
@@ -79,34 +66,8 @@ def ray_cluster() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> TinyDataset:
-    """A prepared 16x16x1, 10-class dataset: 288 train and 32 val rows in 16-row shards.
-
-    Made from an .npz whose pixel (0, 0) holds the class id, so tests can check labels against
-    pixels. Many small shards give many blocks, so block-order shuffling is visible.
-    """
-    from raydiff.data import PrepareOptions, prepare_dataset
-
-    root = tmp_path_factory.mktemp("tiny")
-    tiny = TinyDataset(path=root / "dataset")
-    num_images = tiny.num_train + tiny.num_val
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (num_images, tiny.image_size, tiny.image_size), np.uint8)
-    labels = np.arange(num_images) % tiny.num_classes
-    images[:, 0, 0] = labels
-    np.savez(root / "tiny.npz", images, labels)
-    prepare_dataset(
-        PrepareOptions(
-            source=str(root / "tiny.npz"),
-            out=str(tiny.path),
-            image_size=tiny.image_size,
-            channels=tiny.channels,
-            val_count=tiny.num_val,
-            shard_max_rows=16,
-            num_workers=1,
-            progress=False,
-        )
-    )
-    return tiny
+    """tests/tiny_dataset.py's dataset, prepared once for the session."""
+    return make_tiny_dataset(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="session")
