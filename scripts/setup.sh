@@ -56,8 +56,9 @@ else
   log "dependencies up to date"
 fi
 
-# Debian packages: the embedded dataset, and the Prometheus server whose test reads every panel
-# of raydiff's Grafana dashboard from a real run (tests/integration/test_dashboard_prometheus.py).
+# Debian packages: the embedded dataset, the Prometheus server whose test reads every panel of
+# raydiff's Grafana dashboard from a real run (tests/integration/test_dashboard_prometheus.py),
+# and iproute2 for the cluster tier.
 dataset_dir=/usr/share/datasets/fashion-mnist
 packages=()
 if [[ -z "${RAYDIFF_SKIP_DATASET:-}" ]] && ! ls "$dataset_dir"/train-images-idx3-ubyte* >/dev/null 2>&1; then
@@ -65,6 +66,10 @@ if [[ -z "${RAYDIFF_SKIP_DATASET:-}" ]] && ! ls "$dataset_dir"/train-images-idx3
 fi
 if ! command -v prometheus >/dev/null; then
   packages+=(prometheus)
+fi
+# `ip netns` and veth pairs for the cluster tier's nodes (tests/cluster/netns_cluster.py).
+if ! command -v ip >/dev/null; then
+  packages+=(iproute2)
 fi
 if [[ ${#packages[@]} -gt 0 ]]; then
   if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null; then
@@ -78,9 +83,9 @@ if [[ ${#packages[@]} -gt 0 ]]; then
     log "(or set RAYDIFF_SKIP_DATASET=1 to go on without it)"
     exit 1
   else
-    # Only its test needs it: skipped without it, an error under CI (tests/conftest.py).
-    log "the prometheus binary is missing (its test will skip). Install it with:"
-    log "    sudo apt-get update && sudo apt-get install -y prometheus"
+    # Only their tests need them: skipped without them, an error under CI (tests/conftest.py).
+    log "${packages[*]} missing (their tests will skip). Install with:"
+    log "    sudo apt-get update && sudo apt-get install -y ${packages[*]}"
   fi
 fi
 echo "$py"
