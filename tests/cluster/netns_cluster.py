@@ -108,7 +108,7 @@ class NetnsCluster:
             "RAY_health_check_failure_threshold": "3",
             # Gloo binds the address of the machine's host name unless told an interface; here
             # (and on many real machines) that name resolves to a loopback address, which other
-            # nodes cannot reach (docs/operations.md, "Multi-node").
+            # nodes cannot reach (docs/operations.md, "Storage").
             "GLOO_SOCKET_IFNAME": "eth0",
             # One thread per training worker: every node shares this machine's 2 cores.
             "OMP_NUM_THREADS": "1",
