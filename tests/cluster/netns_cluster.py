@@ -18,13 +18,14 @@ namespace deleted, in :meth:`NetnsCluster.close`, which a ``finally`` calls.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ RAY_PORT = 6379
 START_TIMEOUT_S = 120
 COMMAND_TIMEOUT_S = 300
 OBJECT_STORE_BYTES = 256 * 1024**2  # per node: tiny models, and a 2-core machine's memory
+_CLONE_NEWNET = 0x40000000  # setns(2)'s namespace type: a network namespace
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 30) -> str:
@@ -87,11 +89,14 @@ class NetnsCluster:
             self.add_node(num_cpus=num_cpus)
         self.wait_for_nodes(len(cpus))
 
+    @property
+    def s3_server(self) -> S3Server:
+        """The S3 server (reachable on the cluster's network: :meth:`joined`)."""
+        return S3Server(endpoint=self.endpoint, buckets=(self.bucket,))
+
     def s3_environment(self, *, access_key: str = ACCESS_KEY) -> dict[str, str]:
         """The AWS variables a user of this cluster sets (``access_key``: whose)."""
-        return S3Server(endpoint=self.endpoint, buckets=(self.bucket,)).environment(
-            access_key=access_key
-        )
+        return self.s3_server.environment(access_key=access_key)
 
     def node_env(self, node: Node) -> dict[str, str]:
         venv_bin = str(Path(sys.executable).parent)
@@ -112,6 +117,7 @@ class NetnsCluster:
             "GLOO_SOCKET_IFNAME": "eth0",
             # One thread per training worker: every node shares this machine's 2 cores.
             "OMP_NUM_THREADS": "1",
+            "MLFLOW_DISABLE_TELEMETRY": "true",  # no network calls out
             **self.s3_environment(),
         }
 
@@ -179,6 +185,34 @@ class NetnsCluster:
         if done.returncode:
             raise RuntimeError(f"S3 code failed ({done.returncode}): {done.stderr[-3000:]}")
         return done.stdout
+
+    @contextlib.contextmanager
+    def joined(self) -> Iterator[None]:
+        """This thread on the cluster's network (the bridge's namespace) inside the block, and
+        what it starts there (threads, subprocesses, servers): a user's machine beside the
+        cluster, that reaches the S3 server and the nodes and that the nodes reach. Only the
+        network namespace changes (setns(2), per thread); the way back is kept open."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        bridge = os.open(f"/run/netns/{self.bridge}", os.O_RDONLY)
+        try:
+            if libc.setns(bridge, _CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into {self.bridge}")
+            try:
+                yield
+            finally:
+                if libc.setns(home, _CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "setns back to the machine's network")
+        finally:
+            os.close(home)
+            os.close(bridge)
+
+    def put(self, node: Node, path: Path, text: str) -> None:
+        """A file of ``text`` at ``path`` on ``node``'s own disk (its private folder)."""
+        script = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
+        done = self.run_in(node.name, ["sh", "-c", script, "put", str(path)], input=text)
+        if done.returncode:
+            raise RuntimeError(f"cannot write {path} on {node.name}: {done.stderr}")
 
     def keys(self, prefix: str) -> set[str]:
         """Every key of the bucket under ``prefix``."""
@@ -311,7 +345,7 @@ class NetnsCluster:
             return subprocess.CompletedProcess(list(argv), 124, out, err)
 
     def run_in(
-        self, netns: str, argv: Sequence[str], *, timeout: float = 60
+        self, netns: str, argv: Sequence[str], *, timeout: float = 60, input: str | None = None
     ) -> subprocess.CompletedProcess:
         """``argv`` in a namespace: a node's network and mount namespaces, or the bridge's."""
         node = next((n for n in self.nodes if n.name == netns), None)
@@ -320,7 +354,9 @@ class NetnsCluster:
         else:
             prefix = ["nsenter", f"--target={self._any_pid(node)}", "--mount", "--net", "--"]
         try:
-            return subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=timeout)
+            return subprocess.run(
+                [*prefix, *argv], capture_output=True, text=True, timeout=timeout, input=input
+            )
         except subprocess.TimeoutExpired as error:
             out, err = (_text(error.stdout), _text(error.stderr))
             return subprocess.CompletedProcess(list(argv), 124, out, err)

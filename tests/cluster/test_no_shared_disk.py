@@ -24,7 +24,7 @@ from tiny_model import tiny_model
 pytestmark = pytest.mark.cluster
 
 SAVE_INTERVAL = 4
-MAX_STEPS = 16
+MAX_STEPS = 12
 RUN_TIMEOUT_S = 240
 # The tiny model (tests/tiny_model.py), logging every step, every checkpoint kept. One training
 # worker per worker node: 1.5 of a node's 2 CPUs, so that two never share one and none fits on

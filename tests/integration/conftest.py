@@ -12,11 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +21,6 @@ from s3_server import S3Server
 from tiny_dataset import TinyDataset, make_tiny_dataset
 
 REPO = Path(__file__).resolve().parents[2]
-MLFLOW_START_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="session")
@@ -99,47 +93,10 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``mlflow server`` on a free port (sqlite backend, artifacts in a local folder): its URI.
-    One for the session: each test logs to an experiment of its own."""
+    """tests/mlflow_server.py's server on 127.0.0.1 for the session: its URI. Each test logs to
+    an experiment of its own."""
     pytest.importorskip("mlflow")
-    from test_job_submit import free_ports
+    from mlflow_server import mlflow_server
 
-    root = tmp_path_factory.mktemp("mlflow")
-    (port,) = free_ports(1)
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
-    log = (root / "server.log").open("w")
-    server = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "mlflow", "server", "--workers", "1"),
-            *("--host", "127.0.0.1", "--port", str(port)),
-            *("--backend-store-uri", f"sqlite:///{root}/mlflow.db"),
-            *("--default-artifact-root", f"file:{root}/artifacts"),
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: stopped whole at the end
-    )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + MLFLOW_START_TIMEOUT_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(
-                    f"mlflow server did not start: {(root / 'server.log').read_text()}"
-                )
-            time.sleep(0.5)
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
         yield uri
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()

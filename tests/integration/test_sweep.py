@@ -3,7 +3,8 @@
 A 3-trial sweep runs to the end with ASHA stopping the bad trial early and a diverging trial
 marked failed while the sweep goes on; its results files list exactly the trials that ran, and
 ``--resume`` of the ended sweep runs none of them again. A sweep of Optuna's TPE interrupted with
-Ctrl-C and continued with ``--resume`` is tested on S3 (test_storage_s3.py).
+Ctrl-C and continued with ``--resume`` is tested on S3, on nodes that share no disk
+(tests/cluster/test_sweep_on_s3.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
    the config's values as params, the preview grids, the checkpoint evaluations and where each
    checkpoint is.
 2. A family's tracking: one parent, a child per training stage. (A sweep stopped by SIGTERM and
-   resumed, one parent with a child per trial: test_storage_s3.py's interrupted sweep, on S3.)
+   resumed, one parent with a child per trial: tests/cluster/test_sweep_on_s3.py, on S3.)
 3. W&B offline: a run continued from an older checkpoint than its last logged step (steps 3-4
    trained again) logs each step once into one W&B run, read back from its ``.wandb`` files.
 4. ``raydiff evaluate fid`` of samples drawn from a tracked run's checkpoint logs into that
