@@ -23,7 +23,7 @@ from raydiff.evaluate.samples_fid import (
     sampler_suffix,
     samples_location,
 )
-from raydiff.storage import local_copy, resolve_location
+from raydiff.storage import check_writable, local_copy, resolve_location
 
 
 @dataclass(kw_only=True)
@@ -55,6 +55,15 @@ def run_accuracy(
         record = read_sampling_record(folder)
         check_not_the_guide(classifier, record, flag="--classifier")
     evaluator = load_classifier_features(classifier, flag="--classifier")
+    name = f"accuracy_{split}.json" if dataset else "accuracy.json"
+    if out is not None:
+        target = resolve_location(out)
+    elif folder is not None:
+        target = folder / name
+    else:
+        evaluator_run = run_checkpoint(classifier)
+        target = evaluator_run.results_dir / name if evaluator_run else resolve_location(name)
+    check_writable(target.parent, flag="--out" if out is not None else "the results folder")
     if dataset:  # read in place, under a URI too
         images, labels = load_labelled_images(str(source), split=split, limit=num_images)
     else:
@@ -69,14 +78,6 @@ def run_accuracy(
         **({"split": split} if dataset else {}),
         **({"checkpoint": record["checkpoint"]} if record.get("checkpoint") else {}),
     }
-    name = f"accuracy_{split}.json" if dataset else "accuracy.json"
-    if out is not None:
-        target = resolve_location(out)
-    elif folder is not None:
-        target = folder / name
-    else:
-        evaluator_run = run_checkpoint(classifier)
-        target = evaluator_run.results_dir / name if evaluator_run else resolve_location(name)
     json_path = write_json(target, summary)
     sampled_run = run_checkpoint(record["checkpoint"]) if record.get("checkpoint") else None
     tracked = []

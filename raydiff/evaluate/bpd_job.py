@@ -17,7 +17,7 @@ from raydiff.errors import UserInputError
 from raydiff.evaluate.options import BpdOptions
 from raydiff.evaluate.report import RunCheckpoint, run_checkpoint, track, write_json
 from raydiff.sample.load import SamplingModel, load_sampling_model
-from raydiff.storage import MirroredFolder, StoragePath, resolve_location
+from raydiff.storage import MirroredFolder, StoragePath, check_writable, resolve_location
 
 
 @dataclass(kw_only=True)
@@ -79,6 +79,7 @@ def prepare_bpd(options: BpdOptions) -> BpdJob:
         raise UserInputError(
             f"{options.checkpoint} belongs to no raydiff run: say where the results go with --out"
         )
+    check_writable(out, flag="--out" if options.out else "the run's results folder")
     data_dir = options.data or loaded.config.data.data_dir
     images, labels = _split_images(options, loaded.config, data_dir)
     return BpdJob(

@@ -18,7 +18,7 @@ from raydiff.errors import UserInputError
 from raydiff.evaluate.fid import compute_fid
 from raydiff.evaluate.report import RunCheckpoint, run_checkpoint, track, write_json
 from raydiff.sample.outputs import SAMPLING_RECORD, is_npz_name
-from raydiff.storage import StoragePath, local_copy, resolve_location
+from raydiff.storage import StoragePath, check_writable, local_copy, resolve_location
 
 TRACKED_SCALARS = {
     "fid": "fid",
@@ -80,6 +80,8 @@ def run_fid(
 
         check_not_the_guide(features, record, flag="--features")
         extractor, names = load_classifier_features(features), CLASSIFIER_NAMES
+    target = resolve_location(out) if out else folder / f"{names['fid']}_{split}.json"
+    check_writable(target.parent, flag="--out" if out else "the samples' folder")  # not after
     with local_copy(location) as local_samples:
         computed = compute_fid(
             samples=local_samples,
@@ -97,8 +99,7 @@ def run_fid(
         summary["features"] = str(features)
     if record.get("checkpoint"):
         summary["checkpoint"] = record["checkpoint"]
-    default_name = f"{names['fid']}_{split}.json"
-    json_path = write_json(resolve_location(out) if out else folder / default_name, summary)
+    json_path = write_json(target, summary)
     tracked = []
     if run is not None and track_in_run:
         suffix = sampler_suffix(record)

@@ -45,11 +45,11 @@ def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_a_refused_bucket_is_one_line_before_anything_starts(
-    s3_server: S3Server, s3_bucket: str, tiny_dataset, capsys, monkeypatch
+    s3_server: S3Server, s3_bucket: str, tiny_dataset, capsys, monkeypatch, tmp_path
 ) -> None:
     """A key the store does not know, a read-only key, a bucket the key may not write: `raydiff
     train` says so in one line with the store's answer, as a user's mistake, before anything
-    starts (nothing in the bucket)."""
+    starts (nothing in the bucket); so does `raydiff evaluate fid` for its --out."""
     from tiny_model import tiny_model
 
     from raydiff.cli import main
@@ -70,6 +70,17 @@ def test_a_refused_bucket_is_one_line_before_anything_starts(
         assert printed[0].startswith(
             f"raydiff train: error: --output {uri}: the object store refused it ({answer}"
         ), printed
+    # An evaluation's --out is checked before it computes anything (minutes of Inception).
+    samples = tmp_path / "samples_4x16x16x1.npz"
+    np.savez(samples, np.zeros((4, 16, 16, 1), np.uint8))
+    uri = "s3://another-bucket/refused/fid.json"
+    fid = ["evaluate", "fid", "--samples", str(samples), "--reference", str(tiny_dataset.path)]
+    assert main([*fid, "--split", "val", "--out", uri]) == EXIT_USER_ERROR
+    printed = capsys.readouterr().err.strip().splitlines()
+    assert len(printed) == 1 and printed[0].startswith(
+        "raydiff evaluate: error: --out s3://another-bucket/refused: the object store refused it "
+        "(ACCESS_DENIED"
+    ), printed
     assert not s3_server.keys(s3_bucket, "refused/")
 
 
