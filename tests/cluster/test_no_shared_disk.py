@@ -9,6 +9,7 @@ run as a driver in the head node's namespaces.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import subprocess
 import time
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.cluster
 SAVE_INTERVAL = 4
 MAX_STEPS = 12
 RUN_TIMEOUT_S = 240
+BATCH = 8
 # The tiny model (tests/tiny_model.py), logging every step, every checkpoint kept. One training
 # worker per worker node: 1.5 of a node's 2 CPUs, so that two never share one and none fits on
 # the 1-CPU head.
@@ -36,7 +38,7 @@ TINY_RUN = [
     "optim.lr=1e-3",
     "optim.ema_rate=0.9",
     "train.precision=fp32",
-    "train.batch_size=8",
+    f"train.batch_size={BATCH}",
     "train.log_interval=1",
     f"train.save_interval={SAVE_INTERVAL}",
     "train.eval_interval=0",
@@ -174,26 +176,31 @@ class LostNodeRun:
     code: int
     lost: Node  # the node of rank 0, killed after the first checkpoint
     last_step_before: int  # the last step rank 0 logged before
-    checkpoints: dict[int, str]  # step -> incomplete reason ('' when complete), read back
+    checkpoints: dict[int, tuple[str, int]]  # step -> (incomplete reason or '', losses recorded)
 
 
-def checkpoint_states(cluster: NetnsCluster, uri: str) -> dict[int, str]:
-    """Every checkpoint of the run at ``uri``: its step and why it is incomplete ('' if it is
-    not), with raydiff's own reader, on the head."""
+def checkpoint_states(cluster: NetnsCluster, uri: str) -> dict[int, tuple[str, int]]:
+    """Every checkpoint of the run at ``uri``: its step -> (why it is incomplete, '' if it is
+    not; how many losses its loss-aware sampler had recorded), read with raydiff's own reader
+    on the head."""
     code = (
         "import sys\n"
-        "from raydiff.storage import as_location\n"
-        "from raydiff.train.checkpoint import incomplete_reason\n"
+        "from raydiff.storage import as_location, local_copy\n"
+        "from raydiff.train.checkpoint import incomplete_reason, load_checkpoint\n"
         "for folder in sorted(as_location(sys.argv[1]).iterdir(), key=str):\n"
-        "    if folder.name[11:].isdigit() and folder.name.startswith('checkpoint_'):\n"
-        "        print(int(folder.name[11:]), incomplete_reason(folder) or '')\n"
+        "    if not (folder.name[11:].isdigit() and folder.name.startswith('checkpoint_')):\n"
+        "        continue\n"
+        "    with local_copy(folder) as path:\n"
+        "        counts = load_checkpoint(path)['trainer']['sampler']['loss_counts'].sum()\n"
+        "    print(int(folder.name[11:]), int(counts), incomplete_reason(folder) or '')\n"
     )
     done = cluster.driver(["python", "-c", code, uri], timeout=60)
     assert done.returncode == 0, done.stderr[-3000:]
-    return {
-        int(step): reason.strip()
-        for step, _, reason in (line.partition(" ") for line in done.stdout.splitlines())
-    }
+    states = {}
+    for line in done.stdout.splitlines():
+        step, counts, reason = [*line.split(" ", 2), ""][:3]
+        states[int(step)] = (reason.strip(), int(counts))
+    return states
 
 
 @pytest.fixture(scope="module")
@@ -233,8 +240,9 @@ def lost_node_run(netns_cluster: NetnsCluster, tiny_data, tmp_path_factory) -> L
 
 def test_a_run_to_s3_that_loses_a_node_continues_from_the_bucket(lost_node_run) -> None:
     """The run finishes (exit 0), its worker group restarted once from a checkpoint in the
-    bucket (not from step 0: the new node's disk is empty), at most one save interval redone,
-    and every checkpoint in the bucket is complete, the last one at max_steps."""
+    bucket (not from step 0: the new node's disk is empty), at most two save intervals redone,
+    every checkpoint in the bucket is complete, the last one at max_steps, and the loss-aware
+    sampler's history carried on through the restart."""
     run = lost_node_run
     assert run.code == 0, run.text[-4000:]
     resumed = [m["path"] for m in RESUMED.finditer(run.text)]
@@ -242,9 +250,16 @@ def test_a_run_to_s3_that_loses_a_node_continues_from_the_bucket(lost_node_run) 
     resumed_at = int(resumed[0].rsplit("_", 1)[1])
     assert resumed_at >= SAVE_INTERVAL and resumed_at % SAVE_INTERVAL == 0, resumed_at
     assert 0 <= run.last_step_before - resumed_at <= 2 * SAVE_INTERVAL
-    assert run.checkpoints == {
-        step: "" for step in range(SAVE_INTERVAL, MAX_STEPS + 1, SAVE_INTERVAL)
-    }, run.checkpoints
+    steps = list(range(SAVE_INTERVAL, MAX_STEPS + 1, SAVE_INTERVAL))
+    assert {step: reason for step, (reason, _) in run.checkpoints.items()} == dict.fromkeys(
+        steps, ""
+    ), run.checkpoints
+    # The loss-aware sampler's history went on from the resumed checkpoint's: one loss per
+    # trained sample between checkpoints (a history lost in the restart would count fewer).
+    counts = [run.checkpoints[step][1] for step in steps]
+    assert [b - a for a, b in itertools.pairwise(counts)] == [SAVE_INTERVAL * BATCH] * (
+        len(steps) - 1
+    ), counts
     print(
         f"\nkilled node {run.lost.ip} (rank 0's) at step {run.last_step_before}; resumed from "
         f"checkpoint {resumed_at} in the bucket; steps redone: {run.last_step_before - resumed_at}"
