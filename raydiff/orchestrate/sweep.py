@@ -29,6 +29,7 @@ from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.data.pipeline import cache_splits
 from raydiff.errors import UserInputError
 from raydiff.orchestrate.driver_signals import sigterm_as_ctrl_c
+from raydiff.orchestrate.node_network import refuse_unreachable_gloo_nodes
 from raydiff.orchestrate.node_paths import refuse_paths_nodes_cannot_see
 from raydiff.orchestrate.ray_session import ensure_ray, quiet_ray_console, verbose
 from raydiff.orchestrate.training_job import (
@@ -416,6 +417,7 @@ def _run(
         cpus_per_worker=scaling.cpus_per_worker + TRIAL_DRIVER_CPUS / scaling.max_workers,
     )
     refuse_paths_nodes_cannot_see({"--output": out, "--data": loaded.base_config.data.data_dir})
+    refuse_unreachable_gloo_nodes(use_gpu=scaling.use_gpu, num_workers=scaling.max_workers)
     quiet_ray_console()
     if not verbose():
         # Tune's newer console output prints its experiment box and paths even at verbose=0;

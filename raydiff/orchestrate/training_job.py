@@ -17,6 +17,7 @@ from raydiff.data.config import DataConfig
 from raydiff.data.manifest import Manifest, load_manifest
 from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError, first_line
 from raydiff.orchestrate.driver_signals import StopSignal, sigterm_as_ctrl_c
+from raydiff.orchestrate.node_network import refuse_unreachable_gloo_nodes
 from raydiff.orchestrate.node_paths import refuse_paths_nodes_cannot_see
 from raydiff.orchestrate.ray_session import (
     ensure_ray,
@@ -146,6 +147,9 @@ def _train_on_ray(
     )
     refuse_paths_nodes_cannot_see(
         {"--output": out, "--data": config.data.data_dir, "the checkpoint": start.checkpoint}
+    )
+    refuse_unreachable_gloo_nodes(
+        use_gpu=config.scaling.use_gpu, num_workers=config.scaling.max_workers
     )
     report_capacity(
         min_workers=config.scaling.min_workers,
