@@ -440,7 +440,8 @@ class MirroredFolder:
     A local run folder is written in place (``local`` is the folder itself and :meth:`publish`
     does nothing). For a remote one, ``local`` is a temporary staging folder and :meth:`publish`
     copies a file or folder from it to the same place under the run folder: objects are
-    replaced whole, so a reader never sees half a file.
+    replaced whole, so a reader never sees half a file; :meth:`fetch` brings a file the run
+    folder already has into it, to be continued.
     """
 
     def __init__(self, target: StoragePath) -> None:
@@ -470,6 +471,18 @@ class MirroredFolder:
         upload(self.local / relative, destination)
         self._published[key] = now
         return destination
+
+    def fetch(self, relative: str | os.PathLike[str]) -> Path:
+        """``local/relative``, holding what the run folder has under that name: for a remote
+        one, its file (if any) is downloaded into the staging folder, so that a file this
+        process continues (a log it appends to) keeps what an earlier process published."""
+        local = self.local / relative
+        if isinstance(self.target, RemotePath):
+            remote = self.target / Path(relative).as_posix()
+            if remote.is_file():
+                local.parent.mkdir(parents=True, exist_ok=True)
+                download(remote, local)
+        return local
 
     def close(self) -> None:
         """Remove the staging folder (publish what is needed first)."""

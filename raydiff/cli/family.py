@@ -25,7 +25,11 @@ class FamilyOptions:
         "FILE",
         help="family file (YAML; docs/family.md), or a shipped one's name (family_demo)",
     )
-    output: str = flag("--output", help="the family's folder: DIR/<stage>/, DIR/report.md")
+    output: str = flag(
+        "--output",
+        help="the family's folder, a local path or a URI pyarrow reads (s3://bucket/family): "
+        "DIR/<stage>/, DIR/logs/, DIR/report.md",
+    )
     overrides: list[str] = flag(
         "--set",
         default_factory=list,

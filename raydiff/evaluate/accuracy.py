@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raydiff.data.image_sources import load_labelled_images
-from raydiff.data.manifest import is_dataset
+from raydiff.data.manifest import MANIFEST_NAME
 from raydiff.evaluate.classifier_features import classifier_accuracy, load_classifier_features
 from raydiff.evaluate.report import run_checkpoint, track, write_json
 from raydiff.evaluate.samples_fid import (
@@ -47,7 +47,9 @@ def run_accuracy(
     """Accuracy of ``classifier`` on ``samples`` (a ``raydiff sample`` folder or npz with labels,
     or a prepared dataset's ``split``), written to ``accuracy_SPLIT.json`` beside the samples (a
     dataset's: in the classifier's run, ``RUN/evaluation/checkpoint_N/``) or to ``out``."""
-    dataset = is_dataset(samples)
+    # is_dataset takes any URI for a dataset (without asking the store): a raydiff sample
+    # folder in a bucket has no manifest, so the store is asked here.
+    dataset = (resolve_location(samples) / MANIFEST_NAME).is_file()
     if dataset:
         source, folder, record = resolve_location(samples), None, {}
     else:

@@ -13,21 +13,23 @@ Each row's FD, precision and recall in the evaluator's features
 class-conditional), the evaluator's accuracy on them (:func:`raydiff.evaluate.accuracy.run_accuracy`).
 Written to ``DIR/report.md``, ``DIR/report.json``, ``DIR/report.csv`` (the samples' table) and
 ``DIR/report.png`` (the family's samples beside the data's); each row's figures to
-``DIR/evaluate/<row>/``.
+``DIR/evaluate/<row>/``. ``DIR`` may be a URI: the samples are read through local copies and
+what is written here with local file APIs (an enlarged npz, the grid) is uploaded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from raydiff.family.spec import Family
 from raydiff.results_table import cell, csv_text
-from raydiff.storage import write_bytes_atomically
+from raydiff.storage import MirroredFolder, StoragePath, local_copy, write_bytes_atomically
 from raydiff.train.checkpoint import latest_checkpoint, read_metrics
 from raydiff.train.tasks import task_spec
 
@@ -40,17 +42,17 @@ class SampleSet:
 
     name: str
     description: str
-    folder: Path
+    folder: StoragePath
     enlarge: bool = False
 
 
-def sample_sets(family: Family, *, out: Path) -> list[SampleSet]:
+def sample_sets(family: Family, *, out: StoragePath) -> list[SampleSet]:
     """The rows of ``family``'s report, where its ``sample`` stage wrote them."""
     guided = "classifier" in family.stages
     cascade = "upsampler" in family.stages
     scale = family.sample.classifier_scale
 
-    def samples(run: str) -> Path:
+    def samples(run: str) -> StoragePath:
         folder = out / "sample" / run
         return folder / "upsampled" if cascade else folder
 
@@ -83,7 +85,7 @@ def sample_sets(family: Family, *, out: Path) -> list[SampleSet]:
     return rows
 
 
-def write_family_report(family: Family, *, out: Path) -> Path:
+def write_family_report(family: Family, *, out: StoragePath) -> StoragePath:
     """Judge every row, then write the report; returns ``DIR/report.md``."""
     evaluator = str(latest_checkpoint(out / "evaluator"))
     sets = sample_sets(family, out=out)
@@ -105,7 +107,9 @@ def write_family_report(family: Family, *, out: Path) -> Path:
     return out / "report.md"
 
 
-def judge(sample_set: SampleSet, family: Family, evaluator: str, *, out: Path) -> dict[str, Any]:
+def judge(
+    sample_set: SampleSet, family: Family, evaluator: str, *, out: StoragePath
+) -> dict[str, Any]:
     """FD, precision, recall (and accuracy, for labelled samples) of one row."""
     from raydiff.evaluate.accuracy import run_accuracy
     from raydiff.evaluate.samples_fid import run_fid
@@ -136,18 +140,22 @@ def judge(sample_set: SampleSet, family: Family, evaluator: str, *, out: Path) -
     return figures
 
 
-def _npz(folder: Path) -> Path:
+@contextlib.contextmanager
+def samples_npz(folder: StoragePath) -> Iterator[Any]:
+    """The samples npz in ``folder`` opened (``np.load``; a remote one from a local copy)."""
     from raydiff.sample.outputs import is_npz_name
 
-    return next(p for p in sorted(folder.iterdir()) if is_npz_name(p.name))
+    npz = next(p for p in sorted(folder.iterdir(), key=str) if is_npz_name(p.name))
+    with local_copy(npz) as local, np.load(local) as archive:
+        yield archive
 
 
-def has_labels(folder: Path) -> bool:
-    with np.load(_npz(folder)) as archive:
+def has_labels(folder: StoragePath) -> bool:
+    with samples_npz(folder) as archive:
         return "arr_1" in archive.files
 
 
-def enlarged(folder: Path, *, size: int, out: Path) -> Path:
+def enlarged(folder: StoragePath, *, size: int, out: StoragePath) -> StoragePath:
     """The samples of ``folder`` enlarged to ``size`` with PIL's bicubic filter, as ``raydiff
     prepare`` enlarges a small source (labels kept), written as a samples npz into ``out``."""
     from PIL import Image
@@ -155,7 +163,7 @@ def enlarged(folder: Path, *, size: int, out: Path) -> Path:
     from raydiff.data.resize import resize_center_crop
     from raydiff.sample.outputs import write_npz
 
-    with np.load(_npz(folder)) as archive:
+    with samples_npz(folder) as archive:
         images = archive["arr_0"]
         labels = archive["arr_1"] if "arr_1" in archive.files else None
     channels = images.shape[-1]
@@ -169,11 +177,16 @@ def enlarged(folder: Path, *, size: int, out: Path) -> Path:
             for image in images
         ]
     )
-    write_npz(big, out, labels=labels)
+    written = MirroredFolder(out)
+    try:
+        npz = write_npz(big, written.local, labels=labels)
+        written.publish(npz.name)
+    finally:
+        written.close()
     return out
 
 
-def model_metrics(family: Family, *, out: Path) -> dict[str, dict[str, Any]]:
+def model_metrics(family: Family, *, out: StoragePath) -> dict[str, dict[str, Any]]:
     """Each trained model's final step and headline metrics (its checkpoint's ``metrics.json``)."""
     models = {}
     for name, stage in family.stages.items():
@@ -221,17 +234,22 @@ def samples_csv(rows: list[dict[str, Any]]) -> str:
     return csv_text(list(rows[0]), [list(row.values()) for row in rows])
 
 
-def write_report_grid(family: Family, *, out: Path, samples: Path) -> Path:
+def write_report_grid(family: Family, *, out: StoragePath, samples: StoragePath) -> StoragePath:
     """``report.png``: the first :data:`GRID_IMAGES` of the family's samples (left) beside as
     many of the evaluator's data (right)."""
     from raydiff.data.in_memory import read_split_pixels
     from raydiff.data.manifest import load_manifest
     from raydiff.train.sample_grid import save_png, tile
 
-    with np.load(_npz(samples)) as archive:
+    with samples_npz(samples) as archive:
         drawn = archive["arr_0"][:GRID_IMAGES]
     manifest = load_manifest(family.stages["evaluator"].config.data.data_dir)
     data, _ = read_split_pixels(manifest, family.evaluate.split, limit=len(drawn))
     left, right = tile(drawn, columns=8), tile(data, columns=8)
     gap = np.full((left.shape[0], 8, left.shape[2]), 255, np.uint8)
-    return save_png(np.concatenate([left, gap, right], axis=1), out / "report.png")
+    written = MirroredFolder(out)  # a URI's png is written locally, then uploaded
+    try:
+        save_png(np.concatenate([left, gap, right], axis=1), written.local / "report.png")
+        return written.publish("report.png")
+    finally:
+        written.close()

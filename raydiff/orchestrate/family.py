@@ -5,6 +5,11 @@ Each stage is the single command a user would run (``raydiff train``, ``train-cl
 ``sample``), started as its own process that joins the family's cluster (``--address``), with its
 output under ``DIR/<stage>/`` and its console in ``DIR/logs/<stage>.log``; a stage starts once
 the stages it needs are done, so a failed one stops only those that need it.
+
+``DIR`` is a local folder or a URI (``s3://bucket/family``): the stages write their run folders
+and samples there themselves, and a stage's console goes to a local file while it runs, copied
+to ``DIR/logs/<stage>.log`` when it ends (and at each progress line), continuing the log an
+earlier run of the family left there.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import IO, Literal
 from raydiff.config import ExperimentConfig
 from raydiff.errors import RunFailedError, RunInterruptedError, UserInputError
 from raydiff.family.spec import Family, TrainingStage, load_family
-from raydiff.storage import StoragePath, local_path
+from raydiff.storage import MirroredFolder, StoragePath, check_writable, resolve_location
 from raydiff.tracking import (
     finish_parent_tracking,
     keeps_runs,
@@ -61,6 +66,9 @@ class StageRun:
     needs: tuple[str, ...]
     commands: Callable[[], list[list[str]]]
     log: Path
+    """The local file its processes write their console to."""
+    logs: MirroredFolder | None = None
+    """The family's ``DIR/logs`` that ``log`` is copied to (None: ``log`` is kept where it is)."""
     state: State = "waiting"
     note: str = ""
     pending: list[list[str]] = field(default_factory=list)
@@ -78,13 +86,54 @@ class StageRun:
         lines = [line.strip() for line in text.splitlines()]
         return next((line for line in reversed(lines) if line and RAYLET not in line), "")
 
+    @property
+    def kept_log(self) -> StoragePath:
+        """Where its log is kept once it ended (``DIR/logs/<stage>.log``)."""
+        return self.logs.target / self.log.name if self.logs else self.log
+
+    def publish_log(self) -> None:
+        """Copy its log to ``DIR/logs`` (nothing to do for a local ``DIR``: written there)."""
+        if self.logs is not None and self.log.is_file():
+            self.logs.publish(self.log.name)
+
 
 def run_family(
     path: str, *, overrides: list[str], max_steps: int | None, output: str, address: str | None
-) -> Path:
+) -> StoragePath:
     """Check the family file ``path`` (with ``--set`` ``overrides`` and ``--max-steps``), prepare
-    its missing datasets, train, sample and judge it under ``output``; returns the report's path
-    (``DIR/report.md``)."""
+    its missing datasets, train, sample and judge it under ``output`` (a local folder or a URI);
+    returns the report's path (``DIR/report.md``)."""
+    out = resolve_location(output)
+    # Every check that needs no data, before anything is written.
+    family = load_family(path, overrides=overrides, max_steps=max_steps)
+    check_writable(out, flag="--output")  # a refused bucket now, not when a stage ends
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    logs = MirroredFolder(out / "logs")
+    try:
+        return _run_family(
+            family,
+            path=path,
+            overrides=overrides,
+            max_steps=max_steps,
+            out=out,
+            logs=logs,
+            address=address,
+        )
+    finally:
+        logs.close()
+
+
+def _run_family(
+    family: Family,
+    *,
+    path: str,
+    overrides: list[str],
+    max_steps: int | None,
+    out: StoragePath,
+    logs: MirroredFolder,
+    address: str | None,
+) -> StoragePath:
+    """:func:`run_family` once its folder is there: the datasets, the stages, the report."""
     import ray
 
     from raydiff.data.prepare import prepare_dataset
@@ -92,16 +141,6 @@ def run_family(
     from raydiff.orchestrate.node_paths import refuse_paths_nodes_cannot_see
     from raydiff.orchestrate.ray_session import ensure_ray
 
-    folder = local_path(output)
-    if folder is None:
-        raise UserInputError(
-            f"--output {output}: a family's folder is local (its stages' logs and report are "
-            "written there); its stages may still train on a cluster"
-        )
-    out = folder.resolve()
-    # Every check that needs no data, before anything is written.
-    family = load_family(path, overrides=overrides, max_steps=max_steps)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
     for name in family.waiting_for_data:
         logger.info("preparing the dataset %s (once)", name)
         print(prepare_dataset(family.datasets[name]).format())
@@ -118,7 +157,7 @@ def run_family(
     tracked = start_family_tracking(family, out=out)
     # The stages' processes join the address given, else the local instance started here.
     address = address or ray.get_runtime_context().gcs_address
-    stages = _stage_runs(family, out=out, address=address)
+    stages = _stage_runs(family, out=out, logs=logs, address=address)
     run_stages(stages, out=out)
     done = {s.name for s in stages if s.state == "done"}
     if {"sample", "evaluator"} <= done:
@@ -130,7 +169,7 @@ def run_family(
     return out / "report.md"
 
 
-def start_family_tracking(family: Family, *, out: Path) -> ExperimentConfig | None:
+def start_family_tracking(family: Family, *, out: StoragePath) -> ExperimentConfig | None:
     """With a tracking backend that has runs (a stage's ``tracking.backend``: MLflow, W&B): the
     family's parent runs (in ``DIR/tracking.json``), and each tracked stage's run as their child
     (its run folder's ``tracking.json``, which its command then continues); the config whose
@@ -145,14 +184,17 @@ def start_family_tracking(family: Family, *, out: Path) -> ExperimentConfig | No
     return config
 
 
-def _stage_runs(family: Family, *, out: Path, address: str) -> list[StageRun]:
-    """Every stage of ``family``: its trainings, then ``sample``."""
+def _stage_runs(
+    family: Family, *, out: StoragePath, logs: MirroredFolder, address: str
+) -> list[StageRun]:
+    """Every stage of ``family``: its trainings, then ``sample``; their logs in ``logs``."""
     runs = [
         StageRun(
             name=stage.name,
             needs=(),
             commands=lambda stage=stage: _training_commands(stage, out=out, address=address),
-            log=out / "logs" / f"{stage.name}.log",
+            log=logs.local / f"{stage.name}.log",
+            logs=logs,
         )
         for stage in family.stages.values()
     ]
@@ -162,13 +204,14 @@ def _stage_runs(family: Family, *, out: Path, address: str) -> list[StageRun]:
             name="sample",
             needs=needs,
             commands=lambda: sample_commands(family, out=out, address=address),
-            log=out / "logs" / "sample.log",
+            log=logs.local / "sample.log",
+            logs=logs,
         )
     )
     return runs
 
 
-def _training_commands(stage: TrainingStage, *, out: Path, address: str) -> list[list[str]]:
+def _training_commands(stage: TrainingStage, *, out: StoragePath, address: str) -> list[list[str]]:
     """The stage's training command, unless its run has a checkpoint at ``max_steps`` (or
     later)."""
     checkpoint = latest_checkpoint(out / stage.name)
@@ -177,19 +220,19 @@ def _training_commands(stage: TrainingStage, *, out: Path, address: str) -> list
     return [stage.argv(output=str(out / stage.name), address=address)]
 
 
-def _step(checkpoint: Path | StoragePath) -> int:
+def _step(checkpoint: StoragePath) -> int:
     return int(checkpoint.name.split("_")[-1])
 
 
-def final_checkpoint(out: Path, stage: str) -> str:
+def final_checkpoint(out: StoragePath, stage: str) -> StoragePath:
     """The newest checkpoint of stage ``stage``'s run."""
     checkpoint = latest_checkpoint(out / stage)
     if checkpoint is None:
         raise RunFailedError(f"stage {stage} finished without a checkpoint under {out / stage}")
-    return str(checkpoint)
+    return checkpoint
 
 
-def sample_commands(family: Family, *, out: Path, address: str) -> list[list[str]]:
+def sample_commands(family: Family, *, out: StoragePath, address: str) -> list[list[str]]:
     """The ``raydiff sample`` runs of the ``sample`` stage whose samples are not written yet:
     the guided cascade (``DIR/sample/guided``) and, with a classifier, the unguided one
     (``DIR/sample/unguided``); each writes its base samples and its upsampled ones."""
@@ -201,7 +244,7 @@ def sample_commands(family: Family, *, out: Path, address: str) -> list[list[str
     common = [
         "sample",
         "--checkpoint",
-        final_checkpoint(out, "base"),
+        str(final_checkpoint(out, "base")),
         *("--num-samples", str(options.num_samples)),
         *("--timestep-respacing", options.timestep_respacing),
         "--use-ddim" if options.use_ddim else "--no-use-ddim",
@@ -213,7 +256,7 @@ def sample_commands(family: Family, *, out: Path, address: str) -> list[list[str
     ]
     if "upsampler" in family.stages:
         common += [
-            *("--upsampler", final_checkpoint(out, "upsampler")),
+            *("--upsampler", str(final_checkpoint(out, "upsampler"))),
             *("--upsampler-respacing", options.upsampler_respacing),
             *(("--upsampler-use-ddim",) if options.upsampler_use_ddim else ()),
             *weights("--upsampler-weights", options.upsampler_weights),
@@ -221,7 +264,7 @@ def sample_commands(family: Family, *, out: Path, address: str) -> list[list[str
     runs = {"unguided": common}
     if "classifier" in family.stages:
         guidance = [
-            *("--classifier", final_checkpoint(out, "classifier")),
+            *("--classifier", str(final_checkpoint(out, "classifier"))),
             *("--classifier-scale", str(options.classifier_scale)),
             *weights("--classifier-weights", options.classifier_weights),
         ]
@@ -237,7 +280,7 @@ def sample_commands(family: Family, *, out: Path, address: str) -> list[list[str
 POSTHOC_PREFIX = "phema_"
 
 
-def posthoc_ema_commands(family: Family, *, out: Path) -> list[list[str]]:
+def posthoc_ema_commands(family: Family, *, out: StoragePath) -> list[list[str]]:
     """``raydiff ema`` for each ``phema_<length>`` weights the ``sample`` stage names that its
     model's final checkpoint does not hold yet (a model trained with
     ``optim.posthoc_ema_stds``): the family chooses each model's EMA length after training."""
@@ -251,7 +294,7 @@ def posthoc_ema_commands(family: Family, *, out: Path) -> list[list[str]]:
     for stage, weights in named.items():
         if not weights or not weights.startswith(POSTHOC_PREFIX) or stage not in family.stages:
             continue
-        checkpoint = Path(final_checkpoint(out, stage))
+        checkpoint = final_checkpoint(out, stage)
         if not (checkpoint / f"{weights}.pt").is_file():
             length = weights.removeprefix(POSTHOC_PREFIX)
             step = str(_step(checkpoint))
@@ -261,7 +304,7 @@ def posthoc_ema_commands(family: Family, *, out: Path) -> list[list[str]]:
     return commands
 
 
-def samples_written(folder: Path) -> bool:
+def samples_written(folder: StoragePath) -> bool:
     """Whether a ``raydiff sample`` run (a cascade's too) finished writing into ``folder``."""
     from raydiff.sample.outputs import is_npz_name
 
@@ -284,7 +327,9 @@ def launch_command(argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
     )
 
 
-def run_stages(stages: list[StageRun], *, out: Path, launch: Launch = launch_command) -> None:
+def run_stages(
+    stages: list[StageRun], *, out: StoragePath, launch: Launch = launch_command
+) -> None:
     """Start each stage once what it needs is done, until none is waiting or running; a stop
     signal is passed on to every running stage. Needs no Ray: the stages' commands join it."""
     from raydiff.orchestrate.driver_signals import StopSignal, sigterm_as_ctrl_c
@@ -302,6 +347,7 @@ def run_stages(stages: list[StageRun], *, out: Path, launch: Launch = launch_com
                         if stage.state == "running":
                             line = LOG_PREFIX.sub("", stage.last_line())[:160]
                             logger.info("%s: %s", stage.name, line)
+                            stage.publish_log()  # a bucket's reader sees how far it is
                 time.sleep(POLL_SECONDS)
     except KeyboardInterrupt as error:
         running = _stop_all(stages, sigterm=stopped.sigterm)
@@ -347,10 +393,13 @@ def _advance(stage: StageRun, stages: list[StageRun], *, launch: Launch) -> None
 def _start_next(stage: StageRun, *, launch: Launch) -> None:
     argv = stage.pending.pop(0)
     if stage.log_file is None:
+        if stage.logs is not None:  # continued after what an earlier run of the family wrote
+            stage.logs.fetch(stage.log.name)
         stage.log_file = open(stage.log, "ab")  # noqa: SIM115 - open while the stage runs
     stage.log_file.write(f"$ raydiff {' '.join(argv)}\n".encode())
     stage.log_file.flush()
-    logger.info("%s: raydiff %s started (log: %s)", stage.name, argv[0], stage.log)
+    kept = "" if stage.kept_log == stage.log else f", copied to {stage.kept_log} when it ends"
+    logger.info("%s: raydiff %s started (log: %s%s)", stage.name, argv[0], stage.log, kept)
     stage.process = launch(argv, stage.log_file)
 
 
@@ -359,6 +408,7 @@ def _finish(stage: StageRun, state: State, note: str) -> None:
     if stage.log_file is not None:
         stage.log_file.close()
         stage.log_file = None
+        stage.publish_log()
     shown = logger.error if state == "failed" else logger.info
     shown("%s: %s", stage.name, note)
 
@@ -386,7 +436,7 @@ def raise_if_failed(stages: list[StageRun]) -> None:
     if not failed:
         return
     finished = [s.name for s in stages if s.state == "done"]
-    lines = [f"stage {s.name} failed ({s.note}); its log: {s.log}" for s in failed]
+    lines = [f"stage {s.name} failed ({s.note}); its log: {s.kept_log}" for s in failed]
     skipped = [s.name for s in stages if s.state == "skipped"]
     raise RunFailedError(
         "; ".join(lines)

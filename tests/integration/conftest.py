@@ -91,6 +91,30 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield server
 
 
+AWS_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_PROFILE",
+)
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The session's S3 bucket, and the AWS variables pointing at it (this test's only: set
+    after ``ray_cluster`` started, so Ray's workers never see them, as on a cluster started
+    without them)."""
+    for name in AWS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3_server.environment().items():
+        monkeypatch.setenv(name, value)
+    return s3_server.buckets[0]
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """tests/mlflow_server.py's server on 127.0.0.1 for the session: its URI. Each test logs to

@@ -1,6 +1,7 @@
 """``raydiff family`` on the shared local cluster: a tiny family (an 8x8 base model, its noisy
-classifier, an 8 -> 16 upsampler and a 16x16 evaluator, each a few steps) stopped mid-way and
-continued without retraining what finished, then sampled and judged. (A stage that fails while
+classifier, an 8 -> 16 upsampler and a 16x16 evaluator, each a few steps) written to the
+session's S3 server, stopped mid-way and continued from the bucket without retraining what
+finished, then sampled and judged there. (A stage that fails while
 the stages that do not need it finish: tests/unit/test_family_stages.py, the scheduler with
 stand-in commands; a training refusing to continue another model's run:
 tests/unit/test_run_checks.py.)"""
@@ -14,14 +15,18 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import TinyDataset
+from s3_server import S3Server
 from tiny_model import tiny_classifier, tiny_model
 
 from raydiff.cli import main
+from raydiff.storage import StoragePath, as_location
 from raydiff.train.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -87,10 +92,15 @@ def tiny_family(tmp_path: Path, dataset: TinyDataset, *, steps: int = STEPS) -> 
     return path
 
 
-def checkpoint_times(out: Path, stages: tuple[str, ...]) -> dict[str, float]:
-    """Each stage's final checkpoint's modification time (a retrained stage writes it again)."""
+def checkpoint_times(
+    server: S3Server, bucket: str, prefix: str, stages: tuple[str, ...]
+) -> dict[str, datetime]:
+    """Each stage's final checkpoint's time in the bucket (a retrained stage writes it again)."""
+    client = server.client()
     return {
-        stage: (out / stage / f"checkpoint_{STEPS:06d}" / "model.pt").stat().st_mtime
+        stage: client.head_object(
+            Bucket=bucket, Key=f"{prefix}/{stage}/checkpoint_{STEPS:06d}/model.pt"
+        )["LastModified"]
         for stage in stages
     }
 
@@ -106,14 +116,22 @@ SHORT = ("base", "classifier", "evaluator")
 
 
 def test_a_family_stopped_mid_way_continues_and_is_judged(
-    ray_cluster: None, tiny_dataset: TinyDataset, tmp_path: Path, capsys: pytest.CaptureFixture
+    ray_cluster: None,
+    tiny_dataset: TinyDataset,
+    s3_server: S3Server,
+    s3_bucket: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
 ) -> None:
-    """SIGTERM once three stages finished and the upsampler (longer) is on its way; the same
-    command again retrains none of the three, continues the upsampler, samples and reports."""
+    """In a bucket: SIGTERM once three stages finished and the upsampler (longer) is on its
+    way; the same command again retrains none of the three, continues the upsampler and its
+    log, samples and reports, all in the bucket (the family's AWS variables reach every
+    stage's process; Ray's workers have none)."""
     import ray
 
     family = tiny_family(tmp_path, tiny_dataset)
-    out = tmp_path / "family"
+    prefix = f"families/{uuid.uuid4().hex[:8]}"
+    out: StoragePath = as_location(f"s3://{s3_bucket}/{prefix}")
     # The upsampler long enough to be stopped mid-way; continued for 10 more steps.
     longer = ["--set", "upsampler.max_steps=5000", "--set", "upsampler.save_interval=10"]
     argv = ["family", str(family), "--output", str(out)]
@@ -148,7 +166,9 @@ def test_a_family_stopped_mid_way_continues_and_is_judged(
     assert process.returncode == 143, printed
     assert "stopped by SIGTERM; stopped the stages upsampler" in printed
     assert not (out / "sample").exists()
-    before = checkpoint_times(out, SHORT)
+    log = (out / "logs" / "upsampler.log").read_text()  # uploaded when it was stopped
+    assert log.startswith("$ raydiff train --config upsampler_demo"), log
+    before = checkpoint_times(s3_server, s3_bucket, prefix, SHORT)
     stopped_at = int(latest_checkpoint(out / "upsampler").name.split("_")[-1])
     assert 10 <= stopped_at < 5000
     again = [
@@ -158,8 +178,10 @@ def test_a_family_stopped_mid_way_continues_and_is_judged(
         "upsampler.save_interval=10",
     ]
     assert main([*argv, *again, "--address", address]) == 0
-    assert checkpoint_times(out, SHORT) == before  # not retrained
-    assert "continuing from" in (out / "logs" / "upsampler.log").read_text()
+    assert checkpoint_times(s3_server, s3_bucket, prefix, SHORT) == before  # not retrained
+    log = (out / "logs" / "upsampler.log").read_text()
+    assert "continuing from" in log
+    assert log.count("$ raydiff train --config upsampler_demo") == 2  # the rerun's appended
     printed = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     assert list(report["models"]) == ["base", "classifier", "upsampler", "evaluator"]
@@ -178,5 +200,19 @@ def test_a_family_stopped_mid_way_continues_and_is_judged(
     assert 0 <= rows["family"]["accuracy"] <= 1 and rows["unguided"]["accuracy"] is None
     assert "| family | base model + classifier guidance (scale 1) + upsampler |" in printed
     assert (out / "report.png").read_bytes()[:4] == b"\x89PNG"
-    [npz] = (out / "sample" / "guided" / "upsampled").glob("samples_*.npz")
-    assert npz.name == "samples_8x16x16x1.npz"
+    # Folder markers (keys ending in "/", as pyarrow's create_dir leaves them) aside.
+    found = s3_server.keys(s3_bucket, f"{prefix}/")
+    keys = {k.removeprefix(f"{prefix}/") for k in found if not k.endswith("/")}
+    assert {
+        *(f"logs/{stage}.log" for stage in (*SHORT, "upsampler", "sample")),
+        *(f"report.{kind}" for kind in ("md", "json", "csv", "png")),
+        "sample/guided/upsampled/samples_8x16x16x1.npz",
+        "sample/unguided/base/sampling.json",
+        "evaluate/family/fd_classifier.json",
+        "evaluate/base_alone/bicubic/samples_8x16x16x1.npz",
+    } <= keys, sorted(keys)
+    assert {key.partition("/")[0] for key in keys} == {
+        *SHORT, "upsampler", "sample", "evaluate", "logs", "report.md", "report.json",
+        "report.csv", "report.png",
+    }  # fmt: skip
+    assert not Path("s3:").exists()  # nothing went to a local folder named after the URI

@@ -22,27 +22,6 @@ from test_training import GLOBAL_BATCH, run, tiny_config
 
 pytestmark = pytest.mark.integration
 
-AWS_VARIABLES = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_PROFILE",
-)
-
-
-@pytest.fixture
-def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The session's S3 bucket, and the AWS variables pointing at it (this test's only)."""
-    for name in AWS_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in s3_server.environment().items():
-        monkeypatch.setenv(name, value)
-    return s3_server.buckets[0]
-
 
 def test_a_refused_bucket_is_one_line_before_anything_starts(
     s3_server: S3Server, s3_bucket: str, tiny_dataset, capsys, monkeypatch, tmp_path

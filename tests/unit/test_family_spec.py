@@ -188,12 +188,15 @@ def test_post_hoc_ema_weights_of_a_tracking_stage_are_taken(tmp_path: Path) -> N
     assert load_family(str(file)).sample.weights == "phema_0.080"
 
 
+@pytest.mark.parametrize("where", ["local", "bucket"])
 def test_the_sample_stage_reconstructs_the_post_hoc_lengths_it_samples_with(
-    tmp_path: Path,
+    tmp_path: Path, where: str
 ) -> None:
     """Its command lines: ``raydiff ema`` for a ``phema_`` weights the checkpoint lacks, then
-    the guided and the unguided cascade; samples already written are not drawn again."""
+    the guided and the unguided cascade; samples already written are not drawn again. The same
+    for a family in a bucket (a mock:// URI here): what is done is read there."""
     from raydiff.orchestrate.family import sample_commands
+    from raydiff.storage import as_location
 
     file = family_file(
         tmp_path,
@@ -201,7 +204,7 @@ def test_the_sample_stage_reconstructs_the_post_hoc_lengths_it_samples_with(
         sample={"weights": "phema_0.080"},
     )
     family = load_family(str(file))
-    out = tmp_path / "family"
+    out = tmp_path / "family" if where == "local" else as_location("mock:///bucket/family")
     for stage in ("base", "classifier", "upsampler"):
         (out / stage / "checkpoint_000450").mkdir(parents=True)
         (out / stage / "checkpoint_000450" / "files.json").write_text("{}")

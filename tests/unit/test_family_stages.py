@@ -177,3 +177,40 @@ def test_a_stop_is_passed_on_to_every_running_stage(
     assert "run the same command again to continue" in str(stopped.value)
     assert [c.signals for c in launch.commands] == [[signal.SIGINT], [signal.SIGINT]]
     assert [s.state for s in stages] == ["failed", "failed", "waiting"]
+
+
+def test_a_family_in_a_bucket_continues_each_stage_s_log_there(tmp_path: Path) -> None:
+    """With ``DIR`` a URI (mock:// here) a stage's console goes to a local file that is copied
+    to ``DIR/logs/<stage>.log`` when it ends; a rerun's stage appends to the log found there,
+    and the error names the bucket's copy (the local file is gone with the family)."""
+    from raydiff.storage import MirroredFolder, as_location
+
+    logs = MirroredFolder(as_location("mock:///bucket/family/logs"))
+    (logs.target / "base.log").write_text("$ raydiff train base\nstopped\n")  # an earlier run
+
+    def in_bucket(name: str, *command: str) -> StageRun:
+        return StageRun(
+            name=name,
+            needs=(),
+            commands=lambda: [list(command)],
+            log=logs.local / f"{name}.log",
+            logs=logs,
+        )
+
+    stages = [in_bucket("base", "train", "base"), in_bucket("upsampler", "fail", "upsampler")]
+    try:
+        run_stages(stages, out=logs.target.parent, launch=Launcher())
+        with pytest.raises(RunFailedError, match="its log: mock:///bucket/family/logs/ups"):
+            raise_if_failed(stages)
+        assert (logs.target / "base.log").read_text().splitlines() == [
+            "$ raydiff train base",
+            "stopped",
+            "$ raydiff train base",
+            "train done",
+        ]
+        assert (logs.target / "upsampler.log").read_text().splitlines() == [
+            "$ raydiff fail upsampler",
+            "raydiff train: error: cannot continue",
+        ]
+    finally:
+        logs.close()

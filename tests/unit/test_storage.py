@@ -354,3 +354,20 @@ def test_check_writable_names_the_flag_and_leaves_nothing(memory, tmp_path) -> N
     assert not (tmp_path / "local").exists()
     with pytest.raises(StorageRefusedError, match=r"^--output s3://b/run: the object store "):
         check_writable(RemotePath(_Store(DENIED), "b/run", "s3://b/run"), flag="--output")
+
+
+def test_a_mirrored_folder_fetches_a_file_to_continue(tmp_path: Path) -> None:
+    """``fetch``: a remote folder's file comes into the staging folder (none: nothing there);
+    a local folder's file is already where it is."""
+    remote = MirroredFolder(as_location("mock:///bucket/run/logs"))
+    try:
+        assert not remote.fetch("a.log").exists()
+        (remote.target / "a.log").write_text("before\n")
+        assert remote.fetch("a.log").read_text() == "before\n"
+        assert remote.fetch("a.log").parent == remote.local
+    finally:
+        remote.close()
+    local = MirroredFolder(tmp_path)
+    (tmp_path / "a.log").write_text("here\n")
+    assert local.fetch("a.log") == tmp_path / "a.log"
+    assert (tmp_path / "a.log").read_text() == "here\n"
