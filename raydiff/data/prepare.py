@@ -4,6 +4,11 @@ The output appears all at once or not at all: everything is written into a hidde
 folder next to the destination, the manifest last, and the folder is renamed into place only
 after every check has passed. A killed run leaves at most a ``.NAME.tmp-PID`` folder (removed by
 the next run once that process is gone), never a folder with a manifest.
+
+A URI destination (``s3://bucket/prefix``) has no rename: the dataset is built in a local
+temporary folder and uploaded file by file, the manifest last, after any old manifest there was
+deleted. A reader trusts only a folder with a manifest, so a killed upload leaves shards that no
+reader uses (and that the next prepare to that place replaces).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import multiprocessing
 import os
 import shutil
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -49,7 +55,14 @@ from raydiff.data.sources import (
 )
 from raydiff.errors import ConfigError, UserInputError
 from raydiff.flags import flag
-from raydiff.storage import local_path, write_text_atomically
+from raydiff.storage import (
+    StoragePath,
+    check_writable,
+    local_path,
+    resolve_location,
+    upload,
+    write_text_atomically,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +87,7 @@ class PrepareOptions:
         help="image folder (recursive; jpg jpeg png gif webp bmp), IDX images file or folder, "
         f".npz (arr_0 NHWC uint8, optional arr_1 labels), or one of: {', '.join(EMBEDDED_SOURCES)}",
     )
-    out: str = flag("--out", help="folder to create (local path)")
+    out: str = flag("--out", help="folder to create: a local path or a URI (s3://bucket/prefix)")
     image_size: int | None = flag(
         "--image-size",
         default=None,
@@ -165,12 +178,6 @@ class PrepareOptions:
             raise fail("source", "give an image folder, IDX, .npz or fashion-mnist")
         if not self.out:
             raise fail("out", "give the folder to create")
-        if local_path(self.out) is None:
-            raise fail(
-                "out",
-                "prepare writes a local folder (atomically); upload it afterwards, e.g. "
-                "`aws s3 sync OUT s3://bucket/prefix`",
-            )
         if self.image_size is not None and self.image_size < 1:
             raise fail("image_size", "valid: integers >= 1")
         if self.channels not in (None, 1, 3):
@@ -234,12 +241,17 @@ class BadInputError(UserInputError):
 def prepare_dataset(options: PrepareOptions) -> PrepareSummary:
     """Run prepare; see the module docstring for the all-or-nothing guarantee."""
     started = time.perf_counter()
-    out = Path(options.out).expanduser().resolve()
-    _check_destination(out, overwrite=options.overwrite)
+    target = resolve_location(options.out)
+    out = local_path(target)
+    if out is not None:
+        _check_destination(out, overwrite=options.overwrite)
+    else:
+        check_writable(target, flag="--out")
+        _check_remote_destination(target, overwrite=options.overwrite)
     source = open_source(options.source, labels=options.labels)
     location = str(source.location)
     local = local_path(location)
-    if local is not None and local.resolve().is_relative_to(out):
+    if out is not None and local is not None and local.resolve().is_relative_to(out):
         raise UserInputError(
             f"--out {str(out)!r} contains the source {location!r}: replacing the folder would "
             "delete the images it is made from; choose another --out"
@@ -258,25 +270,62 @@ def prepare_dataset(options: PrepareOptions) -> PrepareSummary:
         total, source.kind, source.location, spec.image_size, spec.image_size, spec.channels,
         options.num_workers,
     )  # fmt: skip
+    write = functools.partial(
+        _write_dataset, source=source, splits=splits, spec=spec, options=options, total=total
+    )
+    manifest = _build_in_place(out, write=write) if out else _build_and_upload(target, write=write)
+    return PrepareSummary(
+        out=str(target),
+        manifest=dataclasses.replace(manifest, root=str(target)),
+        seconds=time.perf_counter() - started,
+    )
 
+
+def _build_in_place(out: Path, *, write: Callable[[Path], Manifest]) -> Manifest:
+    """``write`` the dataset into a hidden sibling folder, then rename it to ``out``."""
     _remove_stale_temporaries(out)
     # PID plus a random part: in a container a new prepare may get the PID of a killed one.
     temporary = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     temporary.mkdir(parents=True)
     try:
-        manifest = _write_dataset(
-            temporary, source=source, splits=splits, spec=spec, options=options, total=total
-        )
+        manifest = write(temporary)
         _move_into_place(temporary, out)
     except BaseException:
         # BaseException: Ctrl-C and SystemExit (SIGTERM in the CLI) must clean up too.
         shutil.rmtree(temporary, ignore_errors=True)
         raise
-    return PrepareSummary(
-        out=str(out),
-        manifest=dataclasses.replace(manifest, root=str(out)),
-        seconds=time.perf_counter() - started,
-    )
+    return manifest
+
+
+def _build_and_upload(target: StoragePath, *, write: Callable[[Path], Manifest]) -> Manifest:
+    """``write`` the dataset into a local temporary folder, then upload it, manifest last."""
+    with tempfile.TemporaryDirectory(prefix="raydiff-prepare-") as staging:
+        manifest = write(Path(staging))
+        # The old manifest goes first: until the new one lands, no reader trusts the folder
+        # while its shards are being replaced.
+        (target / MANIFEST_NAME).unlink(missing_ok=True)
+        upload(Path(staging), target, last=MANIFEST_NAME)
+    return manifest
+
+
+# What a prepared folder holds at its top: a URI destination with anything else is someone
+# else's folder, which --overwrite must not write into.
+_PREPARED_NAMES = frozenset({MANIFEST_NAME, "train", "val", "test"})
+
+
+def _check_remote_destination(target: StoragePath, *, overwrite: bool) -> None:
+    if not target.exists():
+        return
+    others = sorted(p.name for p in target.iterdir() if p.name not in _PREPARED_NAMES)
+    if others:
+        raise FileExistsError(
+            f"--out {target} holds {others[0]!r}, which a prepared dataset does not: choose "
+            "an empty or new place"
+        )
+    if (target / MANIFEST_NAME).is_file() and not overwrite:
+        raise FileExistsError(
+            f"--out {target} already holds a prepared dataset; pass --overwrite to replace it"
+        )
 
 
 def _check_destination(out: Path, *, overwrite: bool) -> None:

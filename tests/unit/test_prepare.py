@@ -560,3 +560,44 @@ def test_a_split_the_dataset_lacks_is_named_with_the_ones_it_has(tiny_prepared) 
         manifest.check_split("test", setting="data.train_split")
     with pytest.raises(UserInputError, match="has no split 'test'"):
         manifest.shard_uris("test")
+
+
+# ---------------------------------------------------------------------------------------------
+# a URI destination (a RemotePath on pyarrow's local filesystem: the same upload code as S3)
+
+
+def _to_remote(folder: Path, root: Path, **overrides: object) -> PrepareOptions:
+    import dataclasses
+
+    import pyarrow.fs
+
+    from raydiff.storage import RemotePath
+
+    target = RemotePath(pyarrow.fs.LocalFileSystem(), str(root), f"s3://bucket/{root.name}")
+    return dataclasses.replace(_options(folder, root, **overrides), out=target)  # type: ignore[arg-type]
+
+
+def test_a_uri_destination_gets_the_same_shards_manifest_last(folder: Path, tmp_path: Path) -> None:
+    local, remote_root = tmp_path / "local", tmp_path / "remote"
+    prepare_dataset(_options(folder, local))
+    summary = prepare_dataset(_to_remote(folder, remote_root))
+    assert summary.out == "s3://bucket/remote"
+    for split, rows in _read_rows(local).items():
+        uploaded = _read_rows(remote_root)[split]
+        assert np.array_equal(rows["pixels"], uploaded["pixels"])
+        assert list(rows["key"]) == list(uploaded["key"])
+    for shard in load_manifest(str(remote_root)).splits["train"].shards:
+        assert (remote_root / shard.path).read_bytes() == (local / shard.path).read_bytes()
+
+
+def test_a_uri_destination_is_refused_unless_overwrite_or_foreign(
+    folder: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "remote"
+    prepare_dataset(_to_remote(folder, root))
+    with pytest.raises(FileExistsError, match="pass --overwrite"):
+        prepare_dataset(_to_remote(folder, root))
+    prepare_dataset(_to_remote(folder, root, overwrite=True))
+    (root / "notes.txt").write_text("not ours")
+    with pytest.raises(FileExistsError, match=r"'notes\.txt'"):
+        prepare_dataset(_to_remote(folder, root, overwrite=True))
