@@ -50,7 +50,7 @@ _REQUIRED_UNDER_CI = ("slow", "cluster", "dataset", "prometheus")
 # Intel Xeon (docs/testing.md: the same tests vary by 20-30% from day to day there). The goal is
 # 12 minutes in all, set-up included; the integration tier is not there yet, so these budgets
 # hold the suite where it is: growth is a decision, and a cut lowers the budget with it.
-TIER_BUDGETS_S = {"unit": 110, "learning": 110, "integration": 1400, "cluster": 300, "slow": 220}
+TIER_BUDGETS_S = {"unit": 110, "learning": 110, "integration": 1400, "cluster": 300, "slow": 280}
 # How many of an over-budget tier's slowest tests its failure names.
 _SLOWEST_NAMED = 10
 
