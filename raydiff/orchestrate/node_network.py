@@ -14,17 +14,13 @@ machine (its Ray nodes share one address), where loopback reaches every worker.
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import socket
-import time
 
 from raydiff.errors import UserInputError
-
-logger = logging.getLogger(__name__)
+from raydiff.orchestrate.node_probe import ask_each_node
 
 GLOO_INTERFACE_VARIABLE = "GLOO_SOCKET_IFNAME"
-ANSWER_TIMEOUT_S = 120.0  # as node_paths': a busy node may take long to start a worker
 
 
 def gloo_address() -> tuple[str, str, bool]:
@@ -60,28 +56,12 @@ def refuse_unreachable_gloo_nodes(*, use_gpu: bool, num_workers: int) -> None:
     if use_gpu or num_workers < 2:  # NCCL; or no process group peers to reach
         return
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
     if len({n["NodeManagerAddress"] for n in nodes}) < 2:
         return  # one machine (several Ray nodes of one included): loopback reaches every worker
-    probe = ray.remote(num_cpus=0)(gloo_address)
-    answers = [
-        (
-            node["NodeManagerAddress"],
-            probe.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-            ).remote(),
-        )
-        for node in nodes
-    ]
-    deadline = time.monotonic() + ANSWER_TIMEOUT_S  # for all the nodes together
-    for address, answer in answers:
-        try:
-            seen = ray.get(answer, timeout=max(0.0, deadline - time.monotonic()))
-        except ray.exceptions.GetTimeoutError:
-            logger.warning("node %s did not say which address gloo binds there; going on", address)
-            continue
+    question = "which address gloo binds there"
+    for address, seen in ask_each_node(gloo_address, nodes=nodes, question=question):
         reason = unreachable_reason(address, tuple(seen))
         if reason is not None:
             raise UserInputError(reason)

@@ -18,20 +18,14 @@ content is this driver's own). Nodes that join later (an autoscaler's) cannot be
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from raydiff.errors import UserInputError
+from raydiff.orchestrate.node_probe import ask_each_node
 from raydiff.storage import StoragePath, local_path
 
-logger = logging.getLogger(__name__)
-
-#: How long the nodes may take to answer (a new worker process on a busy node) before the check
-#: gives up on those left with a warning: a slow node is not proof of a hidden path.
-ANSWER_TIMEOUT_S = 120.0
 _HASHED_BYTES = 1 << 16
 
 
@@ -66,7 +60,6 @@ def refuse_paths_nodes_cannot_see(paths: Mapping[str, str | StoragePath | None])
     if not local:
         return
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = ray.get_runtime_context().get_node_id()
     nodes = [
@@ -79,29 +72,10 @@ def refuse_paths_nodes_cannot_see(paths: Mapping[str, str | StoragePath | None])
     if not nodes:
         return
     expected = {flag: fingerprint(path) for flag, path in local.items()}
-    probe = ray.remote(num_cpus=0)(_fingerprints)
-    # A list, not a dict by address: several nodes may share one machine's address.
-    answers = [
-        (
-            node["NodeManagerAddress"],
-            probe.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-            ).remote(list(local.values())),
-        )
-        for node in nodes
-    ]
-    deadline = time.monotonic() + ANSWER_TIMEOUT_S  # for all the nodes together
-    for address, answer in answers:
-        try:
-            seen = ray.get(answer, timeout=max(0.0, deadline - time.monotonic()))
-        except ray.exceptions.GetTimeoutError:
-            logger.warning(
-                "node %s did not say within %.0f s whether it sees %s; going on",
-                address,
-                ANSWER_TIMEOUT_S,
-                ", ".join(local.values()),
-            )
-            continue
+    question = f"whether it sees {', '.join(local.values())}"
+    for address, seen in ask_each_node(
+        _fingerprints, list(local.values()), nodes=nodes, question=question
+    ):
         for (flag, path), there in zip(local.items(), seen, strict=True):
             if there != expected[flag]:
                 what = "nothing there" if there is None else "other files there"

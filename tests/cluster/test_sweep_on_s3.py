@@ -22,7 +22,6 @@ import io
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,19 +62,12 @@ def sweep_driver(cluster: NetnsCluster, *args: str) -> subprocess.Popen:
     )
 
 
-def wait_for(condition, *, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
-
-
 def test_an_interrupted_sweep_on_s3_resumes_from_the_bucket_as_one_mlflow_parent(
     netns_cluster: NetnsCluster, tiny_data, on_cluster_network: str, tmp_path, monkeypatch
 ):
     pytest.importorskip("optuna")
     sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
+    from test_sweep import _wait_for as wait_for
     from test_sweep import write_base, write_sweep
     from test_tracking import mlflow_runs, steps_of
 
